@@ -1,0 +1,2 @@
+//! RabbitMQ connector for triage (work in progress).
+#![warn(missing_docs)]

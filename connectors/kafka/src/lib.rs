@@ -1,0 +1,2 @@
+//! Kafka connector for triage (work in progress).
+#![warn(missing_docs)]

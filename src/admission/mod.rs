@@ -1,0 +1,24 @@
+//! Admission: deciding, before any expensive work, whether a message may enter.
+//!
+//! The signal is **queue age**, the wait of the oldest item, because it says whether anyone is
+//! still waiting and it leads the collapse instead of trailing it as CPU does (seeds 000 and
+//! 002; CoDel makes the same argument for sojourn time). Each tier has a cut-off: Critical
+//! 400 ms, High 200 ms, Medium 80 ms, Sheddable 20 ms by default.
+//!
+//! # Why a queue age per tier
+//!
+//! In a FIFO every item waits behind the oldest one, so one age serves every tier. In a
+//! weighted-fair queue that is false: a Sheddable backlog served at 1/15 of the rate can be
+//! seconds old while Critical items leave within milliseconds. Using the global oldest age would
+//! shed Critical work because Sheddable work is slow, the opposite of the intent. So the age a
+//! tier sees is the age of the oldest item waiting at its level **or above**, which is what a
+//! new item of that tier would queue behind. These ages are non-increasing up the ladder and the
+//! cut-offs are too, so the shed tiers always form a bottom prefix and the decision fits in one
+//! number (see [`QueueAgeAdmission`]).
+
+mod config;
+mod queue_age;
+
+pub use config::{QueueAgeConfig, MAX_CUTOFF_MS};
+pub(crate) use queue_age::admits_at;
+pub use queue_age::QueueAgeAdmission;

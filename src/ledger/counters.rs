@@ -1,0 +1,205 @@
+//! Thread-safe per-tier disposition counters.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+use super::Disposition;
+use crate::Criticality;
+
+const TIERS: usize = Criticality::ALL.len();
+
+/// Counts consumed messages and their dispositions per criticality tier.
+///
+/// Shared by reference (or `Arc`) between the consumer, the workers and the
+/// metrics endpoint; every method takes `&self`. Counters only increase.
+///
+/// Record [`record_consumed`](Self::record_consumed) for a message before its
+/// [`record`](Self::record): a [`snapshot`](Self::snapshot) then never shows
+/// more dispositions than consumed messages.
+///
+/// # Example
+///
+/// ```
+/// use triage::Criticality;
+/// use triage::ledger::{Disposition, Ledger};
+///
+/// let ledger = Ledger::new();
+/// ledger.record_consumed(Criticality::High);
+/// ledger.record_consumed(Criticality::High);
+/// ledger.record(Criticality::High, Disposition::Completed);
+///
+/// let snap = ledger.snapshot();
+/// let high = snap.tier(Criticality::High);
+/// assert_eq!((high.consumed, high.completed), (2, 1));
+/// // One message is still queued or in flight.
+/// assert_eq!(snap.unresolved(), 1);
+/// ```
+#[derive(Debug, Default)]
+pub struct Ledger {
+    consumed: [AtomicU64; TIERS],
+    settled: [[AtomicU64; Disposition::COUNT]; TIERS],
+}
+
+impl Ledger {
+    /// A ledger with every counter at zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Counts one message of `tier` taken from a source.
+    pub fn record_consumed(&self, tier: Criticality) {
+        // Release pairs with the Acquire loads in `snapshot`.
+        self.consumed[tier.rank()].fetch_add(1, Ordering::Release);
+    }
+
+    /// Counts one message of `tier` that reached `disposition`. Call it once
+    /// per message (the [`AckTracker`](super::AckTracker) refuses a second
+    /// disposition for an offset).
+    pub fn record(&self, tier: Criticality, disposition: Disposition) {
+        self.settled[tier.rank()][disposition.index()].fetch_add(1, Ordering::Release);
+    }
+
+    /// Reads every counter.
+    ///
+    /// Not one atomic cut while others record, but dispositions are read before
+    /// the consumed counts, so for messages counted as consumed before their
+    /// disposition no tier ever shows more dispositions than consumed.
+    pub fn snapshot(&self) -> LedgerSnapshot {
+        let mut tiers = [TierCounts::default(); TIERS];
+        for (counts, settled) in tiers.iter_mut().zip(&self.settled) {
+            for d in Disposition::ALL {
+                counts.set(d, settled[d.index()].load(Ordering::Acquire));
+            }
+        }
+        for (counts, consumed) in tiers.iter_mut().zip(&self.consumed) {
+            counts.consumed = consumed.load(Ordering::Acquire);
+        }
+        LedgerSnapshot { tiers }
+    }
+}
+
+/// Counters of one tier (or of all tiers, from [`LedgerSnapshot::total`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct TierCounts {
+    /// Messages taken from a source.
+    pub consumed: u64,
+    /// Messages whose handler succeeded.
+    pub completed: u64,
+    /// Messages dead-lettered or rejected to a dead-letter exchange.
+    pub failed: u64,
+    /// Messages durably re-published for later.
+    pub deferred: u64,
+    /// Messages discarded because their deadline passed.
+    pub expired: u64,
+    /// Messages evicted or refused by the overload policy.
+    pub shed: u64,
+}
+
+impl TierCounts {
+    /// The counter of `disposition`.
+    pub fn count(&self, disposition: Disposition) -> u64 {
+        match disposition {
+            Disposition::Completed => self.completed,
+            Disposition::Failed => self.failed,
+            Disposition::Deferred => self.deferred,
+            Disposition::Expired => self.expired,
+            Disposition::Shed => self.shed,
+        }
+    }
+
+    fn set(&mut self, disposition: Disposition, value: u64) {
+        let field = match disposition {
+            Disposition::Completed => &mut self.completed,
+            Disposition::Failed => &mut self.failed,
+            Disposition::Deferred => &mut self.deferred,
+            Disposition::Expired => &mut self.expired,
+            Disposition::Shed => &mut self.shed,
+        };
+        *field = value;
+    }
+
+    /// Messages with a disposition, of any kind.
+    pub fn settled(&self) -> u64 {
+        Disposition::ALL.iter().map(|&d| self.count(d)).sum()
+    }
+
+    /// Messages consumed without a disposition yet: they must be queued or in
+    /// flight. Saturates at 0 if dispositions were recorded without their
+    /// consumption.
+    pub fn unresolved(&self) -> u64 {
+        self.consumed.saturating_sub(self.settled())
+    }
+
+    fn add(&mut self, other: &TierCounts) {
+        self.consumed += other.consumed;
+        for d in Disposition::ALL {
+            self.set(d, self.count(d) + other.count(d));
+        }
+    }
+}
+
+/// A copy of a [`Ledger`]'s counters.
+///
+/// The runtime checks the invariant
+/// `consumed = completed + failed + deferred + expired + shed + queued + in_flight`
+/// by comparing [`unresolved`](Self::unresolved) with its queued and in-flight
+/// counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LedgerSnapshot {
+    /// Per-tier counters, indexed by [`Criticality::rank`].
+    pub tiers: [TierCounts; TIERS],
+}
+
+impl LedgerSnapshot {
+    /// Counters of `tier`.
+    pub fn tier(&self, tier: Criticality) -> &TierCounts {
+        &self.tiers[tier.rank()]
+    }
+
+    /// Counters summed over all tiers.
+    pub fn total(&self) -> TierCounts {
+        let mut total = TierCounts::default();
+        for tier in &self.tiers {
+            total.add(tier);
+        }
+        total
+    }
+
+    /// Messages consumed without a disposition yet, over all tiers.
+    pub fn unresolved(&self) -> u64 {
+        self.tiers.iter().map(TierCounts::unresolved).sum()
+    }
+}
+
+impl fmt::Display for LedgerSnapshot {
+    /// A compact table: one row per tier, most critical first, then the total.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{:<9} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8} {:>10}",
+            "tier", "consumed", "completed", "failed", "deferred", "expired", "shed", "unresolved"
+        )?;
+        let rows = Criticality::ALL
+            .iter()
+            .map(|&c| (c.as_str(), *self.tier(c)))
+            .chain(std::iter::once(("total", self.total())));
+        for (name, t) in rows {
+            writeln!(
+                f,
+                "{:<9} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8} {:>10}",
+                name,
+                t.consumed,
+                t.completed,
+                t.failed,
+                t.deferred,
+                t.expired,
+                t.shed,
+                t.unresolved()
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,467 @@
+//! Concurrency limits: how many jobs a worker may run at once, and how much of
+//! that each criticality tier may use.
+//!
+//! Little's law ties concurrency, throughput and latency together: past the
+//! point where a downstream saturates, more concurrent jobs add only latency
+//! (and eventually timeouts and retries). A *limit algorithm* searches for that
+//! point from per-job feedback, the way TCP congestion control searches for a
+//! path's capacity from acknowledgements:
+//!
+//! - [`Fixed`]: a static limit.
+//! - [`Aimd`]: loss-based additive-increase / multiplicative-decrease (TCP,
+//!   Jacobson 1988; Netflix concurrency-limits `AIMDLimit`).
+//! - [`Gradient2`]: latency-based, comparing recent latency to a long-term
+//!   baseline (TCP Vegas; Netflix concurrency-limits `Gradient2Limit`).
+//!
+//! [`Limiter`] is an enum over the three rather than a trait object: the set is
+//! closed, dispatch is a jump on a tag, and no allocation is needed.
+//!
+//! [`TierShares`] scales the limit per tier ("Load Shedding: drop low-priority
+//! work to save the rest", priority-scaled concurrency shares), and
+//! [`ConcurrencyLimit`] puts both behind a lock-free admission check that worker
+//! tasks share.
+//!
+//! No algorithm reads a clock: each [`Sample`] carries its own latency, so tests
+//! drive the algorithms with virtual time.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::Criticality;
+
+mod aimd;
+mod config;
+mod error;
+mod fixed;
+mod gradient2;
+mod shares;
+
+pub use aimd::{Aimd, AimdConfig};
+pub use config::LimitConfig;
+pub use error::{LimitConfigError, MAX_LIMIT};
+pub use fixed::Fixed;
+pub use gradient2::{Gradient2, Gradient2Config};
+pub use shares::TierShares;
+
+/// What one completed job tells a limit algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sample {
+    /// Handler run time, from start to completion (not including time queued).
+    pub latency: Duration,
+    /// Jobs in flight when this job started, this job included.
+    pub in_flight: usize,
+    /// The job was dropped or failed *because of overload* (downstream rejected
+    /// it, a pool was exhausted, its deadline expired while running). Ordinary
+    /// failures must report `false`: they say nothing about capacity.
+    pub dropped: bool,
+}
+
+/// One of the limit algorithms.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use triage::limit::{Aimd, Limiter, Sample};
+///
+/// let mut limiter = Limiter::from(Aimd::default());
+/// let sample = Sample { latency: Duration::from_millis(5), in_flight: 20, dropped: false };
+/// assert_eq!(limiter.on_sample(sample), 21);
+/// assert_eq!(limiter.limit(), 21);
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub enum Limiter {
+    /// See [`Fixed`].
+    Fixed(Fixed),
+    /// See [`Aimd`].
+    Aimd(Aimd),
+    /// See [`Gradient2`].
+    Gradient2(Gradient2),
+}
+
+impl Limiter {
+    /// The current limit, in concurrent jobs; at least 1.
+    pub fn limit(&self) -> usize {
+        match self {
+            Limiter::Fixed(l) => l.limit(),
+            Limiter::Aimd(l) => l.limit(),
+            Limiter::Gradient2(l) => l.limit(),
+        }
+    }
+
+    /// Applies one completed job and returns the new limit.
+    pub fn on_sample(&mut self, sample: Sample) -> usize {
+        match self {
+            Limiter::Fixed(l) => l.on_sample(sample),
+            Limiter::Aimd(l) => l.on_sample(sample),
+            Limiter::Gradient2(l) => l.on_sample(sample),
+        }
+    }
+}
+
+impl From<Fixed> for Limiter {
+    fn from(l: Fixed) -> Self {
+        Limiter::Fixed(l)
+    }
+}
+
+impl From<Aimd> for Limiter {
+    fn from(l: Aimd) -> Self {
+        Limiter::Aimd(l)
+    }
+}
+
+impl From<Gradient2> for Limiter {
+    fn from(l: Gradient2) -> Self {
+        Limiter::Gradient2(l)
+    }
+}
+
+/// A limiter shared by all workers of a runtime: admission is a lock-free
+/// check-and-increment, and only job completion takes a lock.
+///
+/// Cloning is cheap (one `Arc`) and clones share state.
+///
+/// A lowered limit applies to new admissions only: permits already granted are
+/// never revoked, so `in_flight()` may briefly exceed a limit that has just
+/// fallen, and drains below it as jobs finish.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use triage::Criticality;
+/// use triage::limit::{ConcurrencyLimit, Fixed, TierShares};
+///
+/// let limit = ConcurrencyLimit::new(Fixed::new(4)?.into(), TierShares::default());
+///
+/// // Sheddable work may use half of the limit: 2 slots.
+/// let a = limit.try_acquire(Criticality::Sheddable).expect("slot 1 of 2");
+/// let b = limit.try_acquire(Criticality::Sheddable).expect("slot 2 of 2");
+/// assert!(limit.try_acquire(Criticality::Sheddable).is_none());
+/// // Critical work may still use the rest.
+/// let c = limit.try_acquire(Criticality::Critical).expect("slot 3 of 4");
+/// assert_eq!(c.in_flight_at_start(), 3);
+/// assert_eq!(limit.in_flight(), 3);
+///
+/// a.record(Duration::from_millis(12), false); // feeds the algorithm, releases
+/// drop(b);                                    // releases without a sample
+/// drop(c);
+/// assert_eq!(limit.in_flight(), 0);
+/// # Ok::<(), triage::limit::LimitConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct ConcurrencyLimit {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    algorithm: Mutex<Limiter>,
+    /// Mirror of `algorithm.limit()`, written only under the lock, so that
+    /// admission never takes it.
+    limit: AtomicUsize,
+    in_flight: AtomicUsize,
+    shares: TierShares,
+}
+
+impl fmt::Debug for ConcurrencyLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyLimit")
+            .field("limit", &self.limit())
+            .field("in_flight", &self.in_flight())
+            .field("shares", &self.inner.shares)
+            .field("algorithm", &*self.inner.algorithm.lock())
+            .finish()
+    }
+}
+
+impl ConcurrencyLimit {
+    /// Shares `algorithm` between workers, scaling its limit per tier by `shares`.
+    pub fn new(algorithm: Limiter, shares: TierShares) -> Self {
+        let limit = algorithm.limit();
+        Self {
+            inner: Arc::new(Inner {
+                algorithm: Mutex::new(algorithm),
+                limit: AtomicUsize::new(limit),
+                in_flight: AtomicUsize::new(0),
+                shares,
+            }),
+        }
+    }
+
+    /// The current limit, in concurrent jobs (all tiers together).
+    pub fn limit(&self) -> usize {
+        self.inner.limit.load(Ordering::Relaxed)
+    }
+
+    /// Jobs currently holding a [`Permit`].
+    pub fn in_flight(&self) -> usize {
+        self.inner.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// How many jobs may be in flight for a `tier` job to start, at the current
+    /// limit; see [`TierShares::allowed`].
+    pub fn allowed(&self, tier: Criticality) -> usize {
+        self.inner.shares.allowed(self.limit(), tier)
+    }
+
+    /// The per-tier shares.
+    pub fn shares(&self) -> &TierShares {
+        &self.inner.shares
+    }
+
+    /// Takes a slot for one `tier` job if fewer than [`allowed`](Self::allowed)
+    /// jobs are in flight; `None` means "not now" (queue, defer or shed it).
+    ///
+    /// Lock-free and allocation-free: a compare-and-swap loop on the in-flight
+    /// count.
+    pub fn try_acquire(&self, tier: Criticality) -> Option<Permit> {
+        let allowed = self.allowed(tier);
+        let in_flight = &self.inner.in_flight;
+        // Relaxed suffices: the count is the only datum guarded, and the CAS
+        // alone orders increments against each other; no other memory is
+        // published through it.
+        let mut current = in_flight.load(Ordering::Relaxed);
+        loop {
+            if current >= allowed {
+                return None;
+            }
+            match in_flight.compare_exchange_weak(
+                current,
+                current + 1,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(actual) => current = actual,
+            }
+        }
+        Some(Permit {
+            inner: Arc::clone(&self.inner),
+            in_flight_at_start: current + 1,
+            tier,
+        })
+    }
+}
+
+/// One admitted job's slot; releases it when dropped.
+///
+/// Call [`record`](Self::record) when the job completes so the algorithm learns
+/// from it; merely dropping the permit (a cancelled job, a panic unwinding)
+/// releases the slot without a sample.
+#[must_use = "dropping a Permit releases its slot at once"]
+pub struct Permit {
+    inner: Arc<Inner>,
+    in_flight_at_start: usize,
+    tier: Criticality,
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("tier", &self.tier)
+            .field("in_flight_at_start", &self.in_flight_at_start)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Permit {
+    /// Jobs in flight when this one was admitted, itself included.
+    pub fn in_flight_at_start(&self) -> usize {
+        self.in_flight_at_start
+    }
+
+    /// The tier this slot was admitted under.
+    pub fn tier(&self) -> Criticality {
+        self.tier
+    }
+
+    /// Reports the job's handler `latency` and whether it was `dropped` because
+    /// of overload (see [`Sample::dropped`]), releases the slot, and returns the
+    /// new limit.
+    pub fn record(self, latency: Duration, dropped: bool) -> usize {
+        let sample = Sample {
+            latency,
+            in_flight: self.in_flight_at_start,
+            dropped,
+        };
+        let mut algorithm = self.inner.algorithm.lock();
+        let limit = algorithm.on_sample(sample);
+        // Stored under the lock so that concurrent completions publish limits
+        // in the order the algorithm produced them.
+        self.inner.limit.store(limit, Ordering::Relaxed);
+        limit
+        // `self` drops here, after the lock guard, and releases the slot.
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.inner.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn stress_in_flight_never_exceeds_allowed() {
+        const THREADS: usize = 4;
+        const ITERATIONS: usize = 50_000;
+        let limit = ConcurrencyLimit::new(Fixed::new(8).unwrap().into(), TierShares::default());
+        let violated = AtomicBool::new(false);
+        let max_seen = AtomicUsize::new(0);
+        let admitted = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (limit, violated, max_seen, admitted) =
+                    (&limit, &violated, &max_seen, &admitted);
+                s.spawn(move || {
+                    // Each thread its own tier, so every share is exercised
+                    // against contention from the others.
+                    let tier = Criticality::ALL[t];
+                    let allowed = limit.allowed(tier);
+                    for i in 0..ITERATIONS {
+                        let Some(permit) = limit.try_acquire(tier) else {
+                            continue;
+                        };
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                        let observed = limit.in_flight();
+                        max_seen.fetch_max(observed, Ordering::Relaxed);
+                        if permit.in_flight_at_start() > allowed || observed > 8 {
+                            violated.store(true, Ordering::Relaxed);
+                        }
+                        if i % 2 == 0 {
+                            permit.record(Duration::from_millis(1), false);
+                        } else {
+                            drop(permit);
+                        }
+                    }
+                });
+            }
+        });
+        assert!(!violated.load(Ordering::Relaxed));
+        assert!(max_seen.load(Ordering::Relaxed) <= 8);
+        assert!(max_seen.load(Ordering::Relaxed) >= 1);
+        assert!(admitted.load(Ordering::Relaxed) > 0);
+        assert_eq!(limit.in_flight(), 0);
+        assert_eq!(limit.limit(), 8);
+    }
+
+    #[test]
+    fn stress_with_adaptive_limit_stays_within_max() {
+        let cfg = AimdConfig::default().with_initial(8).with_max(16);
+        let limit = ConcurrencyLimit::new(Aimd::new(cfg).unwrap().into(), TierShares::default());
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let limit = &limit;
+                s.spawn(move || {
+                    for i in 0..20_000 {
+                        if let Some(p) = limit.try_acquire(Criticality::ALL[t]) {
+                            assert!(limit.in_flight() <= 16);
+                            // Every 7th job reports overload, so the limit moves
+                            // both ways while others acquire.
+                            p.record(Duration::from_millis(3), i % 7 == 0);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(limit.in_flight(), 0);
+        assert!((1..=16).contains(&limit.limit()));
+    }
+
+    #[test]
+    fn record_updates_shared_limit() {
+        let limit = ConcurrencyLimit::new(Aimd::default().into(), TierShares::default());
+        assert_eq!(limit.limit(), 20);
+        let permits: Vec<_> = (0..10)
+            .map(|_| limit.try_acquire(Criticality::Medium).unwrap())
+            .collect();
+        assert_eq!(limit.allowed(Criticality::Medium), 15);
+        let mut permits = permits.into_iter();
+        let last = permits.next_back().unwrap();
+        assert_eq!(last.in_flight_at_start(), 10);
+        assert_eq!(last.tier(), Criticality::Medium);
+        // in_flight 10 ≥ 20 / 2: a good sample grows the limit.
+        assert_eq!(last.record(Duration::from_millis(5), false), 21);
+        assert_eq!(limit.limit(), 21);
+        assert_eq!(limit.in_flight(), 9);
+        let p = permits.next().unwrap();
+        assert_eq!(p.record(Duration::from_millis(5), true), 18);
+        drop(permits);
+        assert_eq!(limit.in_flight(), 0);
+    }
+
+    #[test]
+    fn sheddable_refused_first() {
+        let limit = ConcurrencyLimit::new(Fixed::new(10).unwrap().into(), TierShares::default());
+        let held: Vec<_> = (0..5)
+            .map(|_| limit.try_acquire(Criticality::Critical).unwrap())
+            .collect();
+        assert!(limit.try_acquire(Criticality::Sheddable).is_none());
+        let medium = limit.try_acquire(Criticality::Medium).unwrap();
+        assert_eq!(medium.in_flight_at_start(), 6);
+        drop(held);
+        assert!(limit.try_acquire(Criticality::Sheddable).is_some());
+    }
+
+    fn sample_strategy() -> impl Strategy<Value = Vec<(u64, usize, bool)>> {
+        prop::collection::vec((0u64..20_000_000_000, 0usize..2_000, any::<bool>()), 0..400)
+    }
+
+    fn bounds_strategy() -> impl Strategy<Value = (usize, usize, usize)> {
+        (1usize..50, 0usize..300, 0usize..300)
+            .prop_map(|(min, span, at)| (min, min + span, min + at.min(span)))
+    }
+
+    fn check(mut limiter: Limiter, min: usize, max: usize, samples: &[(u64, usize, bool)]) {
+        assert!((min..=max).contains(&limiter.limit()));
+        for &(nanos, in_flight, dropped) in samples {
+            let sample = Sample {
+                latency: Duration::from_nanos(nanos),
+                in_flight,
+                dropped,
+            };
+            let l = limiter.on_sample(sample);
+            assert_eq!(l, limiter.limit());
+            assert!((min..=max).contains(&l), "{l} outside [{min}, {max}]");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn limits_stay_within_bounds(
+            samples in sample_strategy(),
+            (min, max, initial) in bounds_strategy(),
+            backoff in 0.01f64..0.99,
+            tolerance in 1.0f64..4.0,
+            smoothing in 0.01f64..=1.0,
+            long_window in 1u32..1_000,
+            queue_size in prop::option::of(1usize..100),
+        ) {
+            check(Fixed::new(initial).unwrap().into(), initial, initial, &samples);
+
+            let aimd = AimdConfig::default()
+                .with_initial(initial).with_min(min).with_max(max)
+                .with_backoff_ratio(backoff)
+                .with_timeout(Duration::from_millis(500));
+            check(Aimd::new(aimd).unwrap().into(), min, max, &samples);
+
+            let g2 = Gradient2Config::default()
+                .with_initial(initial).with_min(min).with_max(max)
+                .with_tolerance(tolerance).with_smoothing(smoothing)
+                .with_long_window(long_window)
+                .with_short_window(long_window.min(5))
+                .with_queue_size(queue_size);
+            check(Gradient2::new(g2).unwrap().into(), min, max, &samples);
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! The queue's state and rules, single-threaded; [`WfqQueue`](super::WfqQueue) puts it behind a
+//! lock. Keeping the rules here, free of synchronisation, is what lets the model tests drive
+//! them directly.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use quanta::Instant;
+use smallvec::SmallVec;
+
+use super::scheduler::Stride;
+use super::{Dequeued, Entry, Evictions, Meta, PushError, QueueStats, RefuseReason, TierStats};
+use crate::Criticality;
+
+pub(crate) struct Core<T> {
+    /// FIFO per tier, indexed by rank: push at the back, serve from the front, evict from the
+    /// back (the newest).
+    tiers: [VecDeque<Entry<T>>; 4],
+    bytes: [usize; 4],
+    len: usize,
+    total_bytes: usize,
+    capacity: usize,
+    max_bytes: Option<usize>,
+    sched: Stride,
+    stats: [TierStats; 4],
+    closed: bool,
+}
+
+impl<T> Core<T> {
+    pub(crate) fn new(capacity: usize, max_bytes: Option<usize>, weights: [u32; 4]) -> Self {
+        Core {
+            tiers: Default::default(),
+            bytes: [0; 4],
+            len: 0,
+            total_bytes: 0,
+            capacity,
+            max_bytes,
+            sched: Stride::new(weights),
+            stats: [TierStats::default(); 4],
+            closed: false,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline]
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    #[inline]
+    fn backlogged(&self) -> u8 {
+        let mut mask = 0;
+        for (rank, q) in self.tiers.iter().enumerate() {
+            if !q.is_empty() {
+                mask |= 1 << rank;
+            }
+        }
+        mask
+    }
+
+    /// Counts a refusal decided outside the lock (admission) into this tier's stats.
+    pub(crate) fn refuse<U>(&mut self, reason: RefuseReason, tier: Criticality, item: U) -> PushError<U> {
+        let s = &mut self.stats[tier.rank()];
+        s.pushed += 1;
+        s.refused[reason.index()] += 1;
+        PushError::new(reason, item)
+    }
+
+    /// Pushes `item`, evicting the newest items of the lowest tiers strictly below it if the
+    /// queue is full. All-or-nothing: if the room cannot be made, nothing is evicted.
+    pub(crate) fn push(
+        &mut self,
+        item: T,
+        meta: Meta,
+        now: impl FnOnce() -> Instant,
+    ) -> Result<Evictions<T>, PushError<T>> {
+        let rank = meta.criticality.rank();
+        if self.closed {
+            return Err(self.refuse(RefuseReason::Closed, meta.criticality, item));
+        }
+        let size = meta.size_bytes;
+        let max_bytes = self.max_bytes.unwrap_or(usize::MAX);
+        if size > max_bytes {
+            return Err(self.refuse(RefuseReason::TooLarge, meta.criticality, item));
+        }
+        let need_slot = self.len >= self.capacity;
+        let need_bytes = (self.total_bytes + size).saturating_sub(max_bytes);
+        let mut evicted = SmallVec::new();
+        if need_slot || need_bytes > 0 {
+            let lower_items: usize = self.tiers[..rank].iter().map(VecDeque::len).sum();
+            let lower_bytes: usize = self.bytes[..rank].iter().sum();
+            if (need_slot && lower_items == 0) || lower_bytes < need_bytes {
+                return Err(self.refuse(RefuseReason::Full, meta.criticality, item));
+            }
+            while self.len >= self.capacity || self.total_bytes + size > max_bytes {
+                match self.evict_below(rank) {
+                    Some(e) => evicted.push(e),
+                    // Unreachable given the check above; refusing keeps the bound regardless.
+                    None => return Err(self.refuse(RefuseReason::Full, meta.criticality, item)),
+                }
+            }
+        }
+        let was_empty = self.tiers[rank].is_empty();
+        self.tiers[rank].push_back(Entry {
+            item,
+            meta,
+            enqueued_at: now(),
+        });
+        if was_empty {
+            self.sched.activate(rank);
+        }
+        self.len += 1;
+        self.bytes[rank] += size;
+        self.total_bytes += size;
+        self.stats[rank].pushed += 1;
+        Ok(Evictions::from_vec(evicted))
+    }
+
+    /// Removes the newest item of the lowest non-empty tier strictly below `rank`.
+    fn evict_below(&mut self, rank: usize) -> Option<Entry<T>> {
+        let victim = (0..rank).find(|r| !self.tiers[*r].is_empty())?;
+        let e = self.tiers[victim].pop_back()?;
+        self.take_out(victim, &e);
+        self.stats[victim].evicted += 1;
+        Some(e)
+    }
+
+    fn take_out(&mut self, rank: usize, e: &Entry<T>) {
+        self.len -= 1;
+        self.bytes[rank] -= e.meta.size_bytes;
+        self.total_bytes -= e.meta.size_bytes;
+    }
+
+    /// Serves the next item by weight; an item whose deadline passed is handed back as expired
+    /// without being charged to its tier's share.
+    pub(crate) fn pop(&mut self, now: Instant) -> Option<Dequeued<T>> {
+        let rank = self.sched.pick(self.backlogged())?;
+        let e = self.tiers[rank].pop_front()?;
+        self.take_out(rank, &e);
+        if e.is_expired(now) {
+            self.stats[rank].expired += 1;
+            return Some(Dequeued::Expired(e));
+        }
+        self.sched.charge(rank);
+        self.stats[rank].popped += 1;
+        Some(Dequeued::Ready(e))
+    }
+
+    /// The queue age each tier sees, indexed by rank: the age of the oldest item waiting at that
+    /// tier or above.
+    pub(crate) fn ages(&self, now: Instant) -> [Duration; 4] {
+        let mut ages = [Duration::ZERO; 4];
+        let mut oldest = Duration::ZERO;
+        for rank in (0..4).rev() {
+            if let Some(head) = self.tiers[rank].front() {
+                oldest = oldest.max(head.sojourn(now));
+            }
+            ages[rank] = oldest;
+        }
+        ages
+    }
+
+    /// Items held per tier, indexed by rank.
+    pub(crate) fn depths(&self) -> [usize; 4] {
+        [0, 1, 2, 3].map(|r| self.tiers[r].len())
+    }
+
+    pub(crate) fn set_weights(&mut self, weights: [u32; 4]) {
+        self.sched.set_weights(weights);
+    }
+
+    /// Applies new bounds, evicting by the push rule (newest of the lowest non-empty tier) until
+    /// the queue fits; with nothing below, the most critical tier gives way last.
+    pub(crate) fn set_bounds(&mut self, capacity: usize, max_bytes: Option<usize>) -> Vec<Entry<T>> {
+        self.capacity = capacity;
+        self.max_bytes = max_bytes;
+        let mut out = Vec::new();
+        let limit = max_bytes.unwrap_or(usize::MAX);
+        while self.len > self.capacity || self.total_bytes > limit {
+            match self.evict_below(Criticality::COUNT) {
+                Some(e) => out.push(e),
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// Closes the queue and hands back everything it holds, most critical first, oldest first.
+    pub(crate) fn close(&mut self) -> Vec<Entry<T>> {
+        self.closed = true;
+        let mut out = Vec::with_capacity(self.len);
+        for rank in (0..4).rev() {
+            let n = self.tiers[rank].len() as u64;
+            self.stats[rank].drained += n;
+            out.extend(self.tiers[rank].drain(..));
+            self.bytes[rank] = 0;
+        }
+        self.len = 0;
+        self.total_bytes = 0;
+        out
+    }
+
+    pub(crate) fn stats(&self, shed_level: u8, overloaded: [u64; 4]) -> QueueStats {
+        let mut tiers = self.stats;
+        for (rank, t) in tiers.iter_mut().enumerate() {
+            t.depth = self.tiers[rank].len() as u64;
+            t.bytes = self.bytes[rank] as u64;
+            t.pushed += overloaded[rank];
+            t.refused[RefuseReason::Overloaded.index()] += overloaded[rank];
+        }
+        let [sheddable, medium, high, critical] = tiers;
+        QueueStats {
+            tiers: crate::PerTier::new(critical, high, medium, sheddable),
+            shed_level,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn tier_items(&self, rank: usize) -> impl Iterator<Item = &Entry<T>> {
+        self.tiers[rank].iter()
+    }
+}

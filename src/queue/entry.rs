@@ -1,0 +1,218 @@
+//! What the queue holds and hands back.
+
+use quanta::Instant;
+use smallvec::SmallVec;
+
+use crate::Criticality;
+
+/// Scheduling facts about an item, given at push.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use triage::queue::Meta;
+/// use triage::Criticality;
+///
+/// let clock = quanta::Clock::new();
+/// let meta = Meta::new(Criticality::High)
+///     .deadline(clock.now() + Duration::from_secs(2))
+///     .size_bytes(512);
+/// assert_eq!(meta.criticality, Criticality::High);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Meta {
+    /// Tier the item is queued in.
+    pub criticality: Criticality,
+    /// Instant after which serving the item is useless; `None` never expires.
+    pub deadline: Option<Instant>,
+    /// Size counted against the queue's byte budget, in bytes. Default 0.
+    pub size_bytes: usize,
+}
+
+impl Meta {
+    /// Facts for an item of `criticality` with no deadline and size 0.
+    pub const fn new(criticality: Criticality) -> Self {
+        Meta {
+            criticality,
+            deadline: None,
+            size_bytes: 0,
+        }
+    }
+
+    /// Sets the deadline.
+    #[must_use]
+    pub const fn deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// Sets the deadline, or clears it with `None`.
+    #[must_use]
+    pub const fn deadline_opt(mut self, deadline: Option<Instant>) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Sets the size in bytes.
+    #[must_use]
+    pub const fn size_bytes(mut self, size_bytes: usize) -> Self {
+        self.size_bytes = size_bytes;
+        self
+    }
+}
+
+/// An item with its scheduling facts, as held by the queue and handed back by it.
+pub struct Entry<T> {
+    pub(crate) item: T,
+    pub(crate) meta: Meta,
+    pub(crate) enqueued_at: Instant,
+}
+
+impl<T> Entry<T> {
+    /// The item.
+    pub fn item(&self) -> &T {
+        &self.item
+    }
+
+    /// The item, mutably.
+    pub fn item_mut(&mut self) -> &mut T {
+        &mut self.item
+    }
+
+    /// Takes the item out.
+    pub fn into_inner(self) -> T {
+        self.item
+    }
+
+    /// Tier the item was queued in.
+    pub fn criticality(&self) -> Criticality {
+        self.meta.criticality
+    }
+
+    /// Deadline given at push, if any.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.meta.deadline
+    }
+
+    /// Size given at push, in bytes.
+    pub fn size_bytes(&self) -> usize {
+        self.meta.size_bytes
+    }
+
+    /// The facts given at push.
+    pub fn meta(&self) -> Meta {
+        self.meta
+    }
+
+    /// When the item was accepted, on the queue's clock.
+    pub fn enqueued_at(&self) -> Instant {
+        self.enqueued_at
+    }
+
+    /// Sojourn time up to `now`: how long the item waited in the queue.
+    pub fn sojourn(&self, now: Instant) -> std::time::Duration {
+        now.saturating_duration_since(self.enqueued_at)
+    }
+
+    /// Whether the deadline has passed at `now` (a deadline equal to `now` has passed).
+    #[inline]
+    pub fn is_expired(&self, now: Instant) -> bool {
+        matches!(self.meta.deadline, Some(d) if d <= now)
+    }
+}
+
+impl<T> std::fmt::Debug for Entry<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Entry")
+            .field("criticality", &self.meta.criticality)
+            .field("deadline", &self.meta.deadline)
+            .field("size_bytes", &self.meta.size_bytes)
+            .field("enqueued_at", &self.enqueued_at)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a pop returns: an item to serve, or one whose deadline passed while it waited.
+///
+/// Expired items are handed back rather than dropped so the caller can record them; they are
+/// not charged to their tier's share, since discarding them costs a comparison.
+#[derive(Debug)]
+#[must_use = "an expired entry must be recorded, a ready one served"]
+pub enum Dequeued<T> {
+    /// Serve this one: its deadline (if any) had not passed at dequeue.
+    Ready(Entry<T>),
+    /// Its deadline passed while it waited: record it as expired, do not serve it.
+    Expired(Entry<T>),
+}
+
+impl<T> Dequeued<T> {
+    /// The entry, whichever variant.
+    pub fn into_entry(self) -> Entry<T> {
+        match self {
+            Dequeued::Ready(e) | Dequeued::Expired(e) => e,
+        }
+    }
+
+    /// The entry, whichever variant.
+    pub fn entry(&self) -> &Entry<T> {
+        match self {
+            Dequeued::Ready(e) | Dequeued::Expired(e) => e,
+        }
+    }
+
+    /// The entry if ready, `None` if expired.
+    pub fn ready(self) -> Option<Entry<T>> {
+        match self {
+            Dequeued::Ready(e) => Some(e),
+            Dequeued::Expired(_) => None,
+        }
+    }
+
+    /// Whether it is the expired variant.
+    pub fn is_expired(&self) -> bool {
+        matches!(self, Dequeued::Expired(_))
+    }
+}
+
+/// Items evicted to make room for a push, newest of the lowest tier first.
+///
+/// A count-bounded queue evicts at most one item per push, so this holds one item inline
+/// without allocating; a byte budget may evict several.
+#[must_use = "evicted items must be recorded (shed or deferred), not dropped"]
+pub struct Evictions<T> {
+    items: smallvec::IntoIter<[Entry<T>; 1]>,
+}
+
+impl<T> Evictions<T> {
+    pub(crate) fn from_vec(items: SmallVec<[Entry<T>; 1]>) -> Self {
+        Evictions {
+            items: items.into_iter(),
+        }
+    }
+
+    /// Whether nothing (more) was evicted.
+    pub fn is_empty(&self) -> bool {
+        self.items.len() == 0
+    }
+}
+
+impl<T> Iterator for Evictions<T> {
+    type Item = Entry<T>;
+
+    fn next(&mut self) -> Option<Entry<T>> {
+        self.items.next()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.items.size_hint()
+    }
+}
+
+impl<T> ExactSizeIterator for Evictions<T> {}
+
+impl<T> std::fmt::Debug for Evictions<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.items.as_slice()).finish()
+    }
+}

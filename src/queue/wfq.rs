@@ -1,0 +1,391 @@
+//! `WfqQueue`: the thread-safe bounded weighted-fair queue.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+use event_listener::{Event, IntoNotification, Listener};
+use parking_lot::Mutex;
+use quanta::{Clock, Instant};
+
+use super::core::Core;
+use super::{
+    Closed, Dequeued, Entry, Evictions, Meta, PopTimeoutError, PushError, QueueStats, TryPopError,
+    WfqConfig,
+};
+use crate::admission::{admits_at, QueueAgeAdmission};
+use crate::{ConfigError, Criticality, PerTier};
+
+/// Shed level that refuses every tier because the queue is closed (levels 0..=4 are admission's).
+const CLOSED_LEVEL: u8 = u8::MAX;
+
+struct State<T> {
+    core: Core<T>,
+    admission: QueueAgeAdmission,
+    config: WfqConfig,
+}
+
+/// A bounded, weighted-fair, multi-producer multi-consumer queue with one FIFO per criticality
+/// tier.
+///
+/// - **Weighted-fair dequeue** by stride scheduling: with every tier backlogged, each tier gets
+///   `weight / sum(weights)` of the dequeues (default 8/4/2/1), interleaved, and no backlogged
+///   tier is ever starved (see the module docs for the bound).
+/// - **Bounded** by a count of items and optionally a byte budget. A push into a full queue
+///   evicts the **newest** item of the **lowest non-empty tier strictly below** the incoming
+///   one and hands it back; with nothing below, the push is refused and the item handed back.
+///   Nothing is ever dropped inside the queue.
+/// - **Deadlines**: a pop never returns an expired item as ready; it hands it back as
+///   [`Dequeued::Expired`], uncharged to its tier's share.
+/// - **Queue-age admission** at push, per tier, with hysteresis ([`QueueAgeAdmission`]): the
+///   decision is one atomic load, taken before the lock, so refusing costs almost nothing.
+/// - Blocking ([`pop_timeout`](Self::pop_timeout)) and async ([`pop`](Self::pop)) consumers;
+///   [`close`](Self::close) wakes them all and hands every held item back.
+///
+/// Time comes from an injectable [`quanta::Clock`] ([`Clock::mock`] in tests).
+///
+/// # Examples
+///
+/// ```
+/// use triage::queue::{Dequeued, Meta, PushError, WfqConfig, WfqQueue};
+/// use triage::Criticality;
+///
+/// let queue = WfqQueue::new(WfqConfig::with_capacity(2))?;
+/// queue.push("analytics", Meta::new(Criticality::Sheddable)).unwrap();
+/// queue.push("search", Meta::new(Criticality::High)).unwrap();
+///
+/// // Full: a Critical push evicts the newest Sheddable item and hands it back.
+/// let evicted: Vec<_> = queue.push("checkout", Meta::new(Criticality::Critical)).unwrap().collect();
+/// assert_eq!(evicted[0].item(), &"analytics");
+///
+/// // Full with nothing below Sheddable: refused, and the item comes back in the error.
+/// let err = queue.push("prefetch", Meta::new(Criticality::Sheddable)).unwrap_err();
+/// assert!(matches!(err, PushError::Full("prefetch")));
+///
+/// // Critical is served first (ties go to the more critical tier).
+/// match queue.try_pop()? {
+///     Dequeued::Ready(entry) => assert_eq!(entry.into_inner(), "checkout"),
+///     Dequeued::Expired(_) => unreachable!("no deadline was set"),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct WfqQueue<T> {
+    state: CachePadded<Mutex<State<T>>>,
+    /// Queue-age admission's decision, or [`CLOSED_LEVEL`]: read without the lock at push.
+    shed_level: CachePadded<AtomicU8>,
+    len: AtomicUsize,
+    /// Pushes refused by admission, per rank: counted outside the lock.
+    overloaded: [CachePadded<AtomicU64>; 4],
+    not_empty: Event,
+    clock: Clock,
+}
+
+impl<T> WfqQueue<T> {
+    /// A queue with `config` on the system clock.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field when `config` fails [`WfqConfig::validate`].
+    pub fn new(config: WfqConfig) -> Result<Self, ConfigError> {
+        WfqQueue::with_clock(config, Clock::new())
+    }
+
+    /// A queue with `config` that reads time from `clock` (use [`Clock::mock`] in tests).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field when `config` fails [`WfqConfig::validate`].
+    pub fn with_clock(config: WfqConfig, clock: Clock) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let core = Core::new(
+            config.capacity.get(),
+            config.max_bytes.map(|b| b.get()),
+            weights_by_rank(&config),
+        );
+        let admission = QueueAgeAdmission::new(&config.admission);
+        Ok(WfqQueue {
+            state: CachePadded::new(Mutex::new(State {
+                core,
+                admission,
+                config,
+            })),
+            shed_level: CachePadded::new(AtomicU8::new(0)),
+            len: AtomicUsize::new(0),
+            overloaded: Default::default(),
+            not_empty: Event::new(),
+            clock,
+        })
+    }
+
+    /// Queues `item` in the tier of `meta.criticality`.
+    ///
+    /// Returns the items evicted to make room (empty unless the queue was full): each is the
+    /// newest of the lowest non-empty tier strictly below the item's. Record them (shed, or
+    /// deferred) rather than dropping them.
+    ///
+    /// Never blocks on a full queue: backpressure is the caller's decision, taken with the item
+    /// handed back.
+    ///
+    /// # Errors
+    ///
+    /// The item comes back inside the error:
+    /// - [`PushError::Overloaded`] when queue-age admission refuses the tier (one atomic load,
+    ///   no lock, no allocation);
+    /// - [`PushError::Full`] when the queue is full and holds nothing of a lower tier;
+    /// - [`PushError::TooLarge`] when `meta.size_bytes` alone is above the byte budget;
+    /// - [`PushError::Closed`] after [`close`](Self::close).
+    #[inline]
+    pub fn push(&self, item: T, meta: Meta) -> Result<Evictions<T>, PushError<T>> {
+        let tier = meta.criticality;
+        let level = self.shed_level.load(Ordering::Relaxed);
+        if !admits_at(level, tier) {
+            if level == CLOSED_LEVEL {
+                return Err(PushError::Closed(item));
+            }
+            self.overloaded[tier.rank()].fetch_add(1, Ordering::Relaxed);
+            return Err(PushError::Overloaded(item));
+        }
+        let mut st = self.state.lock();
+        let mut now = None;
+        let res = st.core.push(item, meta, || {
+            let t = self.clock.now();
+            now = Some(t);
+            t
+        });
+        if let Some(now) = now {
+            self.observe(&mut st, now);
+            drop(st);
+            self.not_empty.notify(1.additional());
+        }
+        res
+    }
+
+    /// Serves the next item by weight without waiting.
+    ///
+    /// # Errors
+    ///
+    /// [`TryPopError::Empty`] when nothing is queued, [`TryPopError::Closed`] after
+    /// [`close`](Self::close).
+    #[inline]
+    pub fn try_pop(&self) -> Result<Dequeued<T>, TryPopError> {
+        let mut st = self.state.lock();
+        if st.core.len() == 0 {
+            return Err(if st.core.is_closed() {
+                TryPopError::Closed
+            } else {
+                TryPopError::Empty
+            });
+        }
+        let now = self.clock.now();
+        match st.core.pop(now) {
+            Some(d) => {
+                self.observe(&mut st, now);
+                Ok(d)
+            }
+            None => Err(TryPopError::Empty),
+        }
+    }
+
+    /// Serves the next item by weight, waiting (async) while the queue is empty.
+    ///
+    /// # Errors
+    ///
+    /// [`Closed`] once the queue is closed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: an item is removed only in the poll that returns it, so dropping the future
+    /// loses nothing, and a wake-up it had received passes to another waiter.
+    pub async fn pop(&self) -> Result<Dequeued<T>, Closed> {
+        loop {
+            match self.try_pop() {
+                Ok(d) => return Ok(d),
+                Err(TryPopError::Closed) => return Err(Closed),
+                Err(TryPopError::Empty) => {}
+            }
+            let listener = self.not_empty.listen();
+            match self.try_pop() {
+                Ok(d) => return Ok(d),
+                Err(TryPopError::Closed) => return Err(Closed),
+                Err(TryPopError::Empty) => {}
+            }
+            listener.await;
+        }
+    }
+
+    /// Serves the next item by weight, blocking the thread up to `timeout` (wall time) while
+    /// the queue is empty.
+    ///
+    /// # Errors
+    ///
+    /// [`PopTimeoutError::Timeout`] if nothing arrived in time, [`PopTimeoutError::Closed`] once
+    /// the queue is closed.
+    pub fn pop_timeout(&self, timeout: Duration) -> Result<Dequeued<T>, PopTimeoutError> {
+        let until = std::time::Instant::now().checked_add(timeout);
+        loop {
+            match self.try_pop() {
+                Ok(d) => return Ok(d),
+                Err(TryPopError::Closed) => return Err(PopTimeoutError::Closed),
+                Err(TryPopError::Empty) => {}
+            }
+            let listener = self.not_empty.listen();
+            match self.try_pop() {
+                Ok(d) => return Ok(d),
+                Err(TryPopError::Closed) => return Err(PopTimeoutError::Closed),
+                Err(TryPopError::Empty) => {}
+            }
+            let woken = match until {
+                Some(until) => listener.wait_deadline(until).is_some(),
+                None => {
+                    listener.wait();
+                    true
+                }
+            };
+            if !woken {
+                return self.try_pop().map_err(|e| match e {
+                    TryPopError::Closed => PopTimeoutError::Closed,
+                    _ => PopTimeoutError::Timeout,
+                });
+            }
+        }
+    }
+
+    /// Closes the queue: later pushes are refused with [`PushError::Closed`], every waiting
+    /// consumer wakes with [`Closed`], and every held item is handed back, most critical tier
+    /// first, oldest first within a tier. Closing twice returns nothing the second time.
+    pub fn close(&self) -> Vec<Entry<T>> {
+        let items = {
+            let mut st = self.state.lock();
+            self.shed_level.store(CLOSED_LEVEL, Ordering::Relaxed);
+            let items = st.core.close();
+            self.len.store(0, Ordering::Relaxed);
+            items
+        };
+        self.not_empty.notify(usize::MAX);
+        items
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.shed_level.load(Ordering::Relaxed) == CLOSED_LEVEL
+    }
+
+    /// Applies a new configuration to the live queue: weights, bounds and cut-offs.
+    ///
+    /// Shrinking the bounds evicts by the push rule (newest item of the lowest non-empty tier
+    /// first) until the queue fits, and returns what it evicted.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field when `config` fails [`WfqConfig::validate`]; the
+    /// queue is then unchanged.
+    pub fn reconfigure(&self, config: WfqConfig) -> Result<Vec<Entry<T>>, ConfigError> {
+        config.validate()?;
+        let mut st = self.state.lock();
+        st.core.set_weights(weights_by_rank(&config));
+        let evicted = st
+            .core
+            .set_bounds(config.capacity.get(), config.max_bytes.map(|b| b.get()));
+        st.admission.reconfigure(&config.admission);
+        st.config = config;
+        let now = self.clock.now();
+        self.observe(&mut st, now);
+        Ok(evicted)
+    }
+
+    /// Re-evaluates queue-age admission now. Pushes and pops already do so; call this from a
+    /// timer if the queue can sit idle while shed, so the shed level still reflects time passing.
+    pub fn refresh_admission(&self) {
+        let mut st = self.state.lock();
+        let now = self.clock.now();
+        self.observe(&mut st, now);
+    }
+
+    fn observe(&self, st: &mut State<T>, now: Instant) {
+        let level = st.admission.observe(st.core.ages(now));
+        self.len.store(st.core.len(), Ordering::Relaxed);
+        if !st.core.is_closed() {
+            self.shed_level.store(level, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a push of `tier` would pass queue-age admission right now: one atomic load.
+    /// Check it before doing anything expensive for a message (deserialising, classifying by
+    /// payload), so refusing stays cheap.
+    #[inline]
+    pub fn admits(&self, tier: Criticality) -> bool {
+        admits_at(self.shed_level.load(Ordering::Relaxed), tier)
+    }
+
+    /// Queue-age admission's shed level: tiers with `rank() < level` are refused (0 admits
+    /// everything, 4 refuses everything).
+    pub fn shed_level(&self) -> u8 {
+        self.shed_level.load(Ordering::Relaxed).min(4)
+    }
+
+    /// Items held, across tiers. Read without the lock, so possibly a moment stale.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether nothing is held. Read without the lock.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Most items held, from the current configuration.
+    pub fn capacity(&self) -> usize {
+        self.state.lock().config.capacity.get()
+    }
+
+    /// The current configuration.
+    pub fn config(&self) -> WfqConfig {
+        self.state.lock().config.clone()
+    }
+
+    /// Items held per tier.
+    pub fn depths(&self) -> PerTier<usize> {
+        let [s, m, h, c] = self.state.lock().core.depths();
+        PerTier::new(c, h, m, s)
+    }
+
+    /// The queue age each tier sees now: the wait of the oldest item at that tier or above
+    /// (zero when none waits). The global queue age is `ages().sheddable`.
+    pub fn ages(&self) -> PerTier<Duration> {
+        let st = self.state.lock();
+        let [s, m, h, c] = st.core.ages(self.clock.now());
+        PerTier::new(c, h, m, s)
+    }
+
+    /// Age of the oldest item held, any tier (zero when empty).
+    pub fn queue_age(&self) -> Duration {
+        self.ages().sheddable
+    }
+
+    /// A snapshot of the counters per tier.
+    pub fn stats(&self) -> QueueStats {
+        let st = self.state.lock();
+        let overloaded = [0, 1, 2, 3].map(|r| self.overloaded[r].load(Ordering::Relaxed));
+        st.core.stats(self.shed_level(), overloaded)
+    }
+
+    /// The clock the queue reads.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+}
+
+fn weights_by_rank(config: &WfqConfig) -> [u32; 4] {
+    config.weights.map(|_, w| w.get()).into_rank_array()
+}
+
+impl<T> std::fmt::Debug for WfqQueue<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WfqQueue")
+            .field("len", &self.len())
+            .field("shed_level", &self.shed_level())
+            .field("closed", &self.is_closed())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,235 @@
+//! Model test: arbitrary push / pop / advance-the-clock / reconfigure sequences run against the
+//! queue and against a plain reference model of its rules.
+
+use std::collections::VecDeque;
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use triage::admission::QueueAgeConfig;
+use triage::quanta::Clock;
+use triage::queue::{Meta, PushError, WfqConfig, WfqQueue};
+use triage::{Criticality, PerTier};
+
+#[derive(Clone, Debug)]
+enum Action {
+    Push {
+        tier: Criticality,
+        deadline_ms: Option<u16>,
+        size: u16,
+    },
+    Pop,
+    Advance(u16),
+    Reconfigure {
+        capacity: usize,
+        max_bytes: Option<usize>,
+        weights: [u32; 4],
+    },
+}
+
+fn tier() -> impl Strategy<Value = Criticality> {
+    prop_oneof![
+        Just(Criticality::Critical),
+        Just(Criticality::High),
+        Just(Criticality::Medium),
+        Just(Criticality::Sheddable),
+    ]
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        6 => (tier(), proptest::option::weighted(0.5, 0..200u16), 0..64u16)
+            .prop_map(|(tier, deadline_ms, size)| Action::Push { tier, deadline_ms, size }),
+        4 => Just(Action::Pop),
+        2 => (0..100u16).prop_map(Action::Advance),
+        1 => (1..24usize, proptest::option::of(64..400usize), proptest::array::uniform4(1..10u32))
+            .prop_map(|(capacity, max_bytes, weights)| Action::Reconfigure { capacity, max_bytes, weights }),
+    ]
+}
+
+#[derive(Clone, Debug)]
+struct Item {
+    id: u64,
+    deadline_ms: Option<u64>,
+    size: usize,
+}
+
+/// The rules, written as plainly as possible.
+struct Model {
+    tiers: [VecDeque<Item>; 4],
+    capacity: usize,
+    max_bytes: Option<usize>,
+}
+
+impl Model {
+    fn len(&self) -> usize {
+        self.tiers.iter().map(VecDeque::len).sum()
+    }
+    fn bytes(&self) -> usize {
+        self.tiers.iter().flatten().map(|i| i.size).sum()
+    }
+    fn fits(&self, extra_items: usize, extra_bytes: usize) -> bool {
+        self.len() + extra_items <= self.capacity
+            && self.bytes() + extra_bytes <= self.max_bytes.unwrap_or(usize::MAX)
+    }
+    /// Newest of the lowest non-empty tier strictly below `rank`.
+    fn evict_below(&mut self, rank: usize) -> Option<Item> {
+        (0..rank)
+            .find(|r| !self.tiers[*r].is_empty())
+            .and_then(|r| self.tiers[r].pop_back())
+    }
+}
+
+fn config(capacity: usize, max_bytes: Option<usize>, weights: [u32; 4], admission: bool) -> WfqConfig {
+    let mut c = WfqConfig::with_capacity(capacity)
+        .weights(weights[0], weights[1], weights[2], weights[3])
+        .max_bytes(max_bytes.and_then(NonZeroUsize::new));
+    c.admission = if admission {
+        QueueAgeConfig::default()
+    } else {
+        QueueAgeConfig::disabled()
+    };
+    c
+}
+
+fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
+    let (clock, mock) = Clock::mock();
+    let origin = clock.now();
+    let queue = WfqQueue::with_clock(config(8, None, [8, 4, 2, 1], admission), clock).unwrap();
+    let mut model = Model {
+        tiers: Default::default(),
+        capacity: 8,
+        max_bytes: None,
+    };
+    let mut now_ms: u64 = 0;
+    let mut next_id = 0u64;
+    let mut enqueued_at = std::collections::HashMap::new();
+    let cutoffs = QueueAgeConfig::default();
+
+    for action in actions {
+        match action {
+            Action::Push { tier, deadline_ms, size } => {
+                let id = next_id;
+                next_id += 1;
+                let item = Item {
+                    id,
+                    deadline_ms: deadline_ms.map(|d| now_ms + u64::from(d)),
+                    size: usize::from(size),
+                };
+                let mut meta = Meta::new(tier).size_bytes(item.size);
+                if let Some(d) = item.deadline_ms {
+                    meta = meta.deadline(origin + Duration::from_millis(d));
+                }
+                let rank = tier.rank();
+                match queue.push(id, meta) {
+                    Ok(evicted) => {
+                        let evicted: Vec<u64> = evicted.map(|e| e.into_inner()).collect();
+                        let mut expected = Vec::new();
+                        while !model.fits(1, item.size) {
+                            let victim = model.evict_below(rank);
+                            prop_assert!(victim.is_some(), "queue evicted {evicted:?} but the model had nothing below");
+                            expected.push(victim.unwrap().id);
+                        }
+                        prop_assert_eq!(&evicted, &expected, "eviction must take the newest of the lowest tier below");
+                        model.tiers[rank].push_back(item);
+                        enqueued_at.insert(id, now_ms);
+                    }
+                    Err(PushError::Full(back)) => {
+                        prop_assert_eq!(back, id);
+                        let lower_items: usize = model.tiers[..rank].iter().map(VecDeque::len).sum();
+                        let lower_bytes: usize = model.tiers[..rank].iter().flatten().map(|i| i.size).sum();
+                        let need_slot = model.len() >= model.capacity;
+                        let need_bytes = (model.bytes() + item.size).saturating_sub(model.max_bytes.unwrap_or(usize::MAX));
+                        prop_assert!((need_slot && lower_items == 0) || lower_bytes < need_bytes,
+                            "refused as full although room could be made");
+                    }
+                    Err(PushError::TooLarge(back)) => {
+                        prop_assert_eq!(back, id);
+                        prop_assert!(item.size > model.max_bytes.unwrap_or(usize::MAX));
+                    }
+                    Err(PushError::Overloaded(back)) => {
+                        prop_assert_eq!(back, id);
+                        prop_assert!(admission, "refused by admission while it is disabled");
+                        // Shed means the age this tier sees has not fallen to its exit point
+                        // since it crossed the cut-off; ages only grow between observations.
+                        let age = (rank..4)
+                            .filter_map(|r| model.tiers[r].front())
+                            .map(|i| now_ms - enqueued_at[&i.id])
+                            .max()
+                            .unwrap_or(0);
+                        let exit = (cutoffs.cutoff_ms[tier] as f64 * cutoffs.exit_ratio) as u64;
+                        prop_assert!(age > exit, "{tier} refused at age {age} ms, exit point {exit} ms");
+                    }
+                    Err(other) => prop_assert!(false, "unexpected {other:?}"),
+                }
+            }
+            Action::Pop => match queue.try_pop() {
+                Ok(d) => {
+                    let expired = d.is_expired();
+                    let entry = d.into_entry();
+                    let rank = entry.criticality().rank();
+                    let head = model.tiers[rank].pop_front();
+                    prop_assert!(head.is_some());
+                    let head = head.unwrap();
+                    prop_assert_eq!(*entry.item(), head.id, "FIFO within a tier");
+                    let model_expired = matches!(head.deadline_ms, Some(d) if d <= now_ms);
+                    prop_assert_eq!(expired, model_expired, "expired item returned ready, or the reverse");
+                }
+                Err(_) => prop_assert_eq!(model.len(), 0),
+            },
+            Action::Advance(ms) => {
+                mock.increment(Duration::from_millis(u64::from(ms)));
+                now_ms += u64::from(ms);
+            }
+            Action::Reconfigure { capacity, max_bytes, weights } => {
+                let evicted: Vec<u64> = queue
+                    .reconfigure(config(capacity, max_bytes, weights, admission))
+                    .unwrap()
+                    .into_iter()
+                    .map(|e| e.into_inner())
+                    .collect();
+                model.capacity = capacity;
+                model.max_bytes = max_bytes;
+                let mut expected = Vec::new();
+                while !model.fits(0, 0) {
+                    expected.push(model.evict_below(4).unwrap().id);
+                }
+                prop_assert_eq!(evicted, expected, "shrinking evicts by the push rule");
+            }
+        }
+        // Invariants after every step.
+        let stats = queue.stats();
+        prop_assert!(stats.balances(), "pushed != popped + expired + evicted + refused + len: {stats:?}");
+        prop_assert_eq!(stats.depth() as usize, model.len());
+        prop_assert_eq!(queue.len(), model.len());
+        prop_assert!(queue.len() <= model.capacity, "over capacity");
+        let held_bytes: u64 = stats.total(|t| t.bytes);
+        prop_assert_eq!(held_bytes as usize, model.bytes());
+        let depths = queue.depths();
+        for t in Criticality::ALL {
+            prop_assert_eq!(depths[t], model.tiers[t.rank()].len());
+        }
+    }
+    // Close hands back exactly what the model holds, most critical first, oldest first.
+    let drained: Vec<u64> = queue.close().into_iter().map(|e| e.into_inner()).collect();
+    let expected: Vec<u64> = model.tiers.iter().rev().flatten().map(|i| i.id).collect();
+    prop_assert_eq!(drained, expected);
+    prop_assert!(queue.stats().balances());
+    prop_assert!(matches!(queue.push(u64::MAX, Meta::new(Criticality::Critical)), Err(PushError::Closed(_))));
+    let _ = PerTier::splat(0);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn queue_follows_the_model(actions in proptest::collection::vec(action(), 1..300)) {
+        run(actions, false)?;
+    }
+
+    #[test]
+    fn queue_follows_the_model_with_admission(actions in proptest::collection::vec(action(), 1..300)) {
+        run(actions, true)?;
+    }
+}
