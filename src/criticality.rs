@@ -89,7 +89,9 @@ impl Criticality {
     #[inline]
     #[must_use]
     pub const fn demoted_by(self, attempt: u32) -> Criticality {
-        let rank = self.rank().saturating_sub(if attempt > 3 { 3 } else { attempt as usize });
+        let rank = self
+            .rank()
+            .saturating_sub(if attempt > 3 { 3 } else { attempt as usize });
         match Criticality::from_rank(rank) {
             Some(c) => c,
             None => Criticality::Sheddable,
@@ -205,7 +207,10 @@ mod tests {
         assert_eq!(Criticality::Sheddable.demote(), Criticality::Sheddable);
         assert_eq!(Criticality::Critical.demoted_by(0), Criticality::Critical);
         assert_eq!(Criticality::Critical.demoted_by(2), Criticality::Medium);
-        assert_eq!(Criticality::Critical.demoted_by(u32::MAX), Criticality::Sheddable);
+        assert_eq!(
+            Criticality::Critical.demoted_by(u32::MAX),
+            Criticality::Sheddable
+        );
         assert_eq!(Criticality::High.demoted_by(1), Criticality::Medium);
     }
 

@@ -15,11 +15,12 @@
 #![doc(test(attr(deny(warnings))))]
 
 pub mod admission;
-pub mod ledger;
-pub mod limit;
 mod criticality;
 mod error;
+pub mod ledger;
+pub mod limit;
 pub mod queue;
+pub mod runtime;
 mod tier;
 
 pub use criticality::{Criticality, ParseCriticalityError};

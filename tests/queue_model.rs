@@ -80,7 +80,12 @@ impl Model {
     }
 }
 
-fn config(capacity: usize, max_bytes: Option<usize>, weights: [u32; 4], admission: bool) -> WfqConfig {
+fn config(
+    capacity: usize,
+    max_bytes: Option<usize>,
+    weights: [u32; 4],
+    admission: bool,
+) -> WfqConfig {
     let mut c = WfqConfig::with_capacity(capacity)
         .weights(weights[0], weights[1], weights[2], weights[3])
         .max_bytes(max_bytes.and_then(NonZeroUsize::new));
@@ -108,7 +113,11 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
 
     for action in actions {
         match action {
-            Action::Push { tier, deadline_ms, size } => {
+            Action::Push {
+                tier,
+                deadline_ms,
+                size,
+            } => {
                 let id = next_id;
                 next_id += 1;
                 let item = Item {
@@ -127,21 +136,33 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                         let mut expected = Vec::new();
                         while !model.fits(1, item.size) {
                             let victim = model.evict_below(rank);
-                            prop_assert!(victim.is_some(), "queue evicted {evicted:?} but the model had nothing below");
+                            prop_assert!(
+                                victim.is_some(),
+                                "queue evicted {evicted:?} but the model had nothing below"
+                            );
                             expected.push(victim.unwrap().id);
                         }
-                        prop_assert_eq!(&evicted, &expected, "eviction must take the newest of the lowest tier below");
+                        prop_assert_eq!(
+                            &evicted,
+                            &expected,
+                            "eviction must take the newest of the lowest tier below"
+                        );
                         model.tiers[rank].push_back(item);
                         enqueued_at.insert(id, now_ms);
                     }
                     Err(PushError::Full(back)) => {
                         prop_assert_eq!(back, id);
-                        let lower_items: usize = model.tiers[..rank].iter().map(VecDeque::len).sum();
-                        let lower_bytes: usize = model.tiers[..rank].iter().flatten().map(|i| i.size).sum();
+                        let lower_items: usize =
+                            model.tiers[..rank].iter().map(VecDeque::len).sum();
+                        let lower_bytes: usize =
+                            model.tiers[..rank].iter().flatten().map(|i| i.size).sum();
                         let need_slot = model.len() >= model.capacity;
-                        let need_bytes = (model.bytes() + item.size).saturating_sub(model.max_bytes.unwrap_or(usize::MAX));
-                        prop_assert!((need_slot && lower_items == 0) || lower_bytes < need_bytes,
-                            "refused as full although room could be made");
+                        let need_bytes = (model.bytes() + item.size)
+                            .saturating_sub(model.max_bytes.unwrap_or(usize::MAX));
+                        prop_assert!(
+                            (need_slot && lower_items == 0) || lower_bytes < need_bytes,
+                            "refused as full although room could be made"
+                        );
                     }
                     Err(PushError::TooLarge(back)) => {
                         prop_assert_eq!(back, id);
@@ -158,7 +179,10 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                             .max()
                             .unwrap_or(0);
                         let exit = (cutoffs.cutoff_ms[tier] as f64 * cutoffs.exit_ratio) as u64;
-                        prop_assert!(age > exit, "{tier} refused at age {age} ms, exit point {exit} ms");
+                        prop_assert!(
+                            age > exit,
+                            "{tier} refused at age {age} ms, exit point {exit} ms"
+                        );
                     }
                     Err(other) => prop_assert!(false, "unexpected {other:?}"),
                 }
@@ -173,7 +197,11 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                     let head = head.unwrap();
                     prop_assert_eq!(*entry.item(), head.id, "FIFO within a tier");
                     let model_expired = matches!(head.deadline_ms, Some(d) if d <= now_ms);
-                    prop_assert_eq!(expired, model_expired, "expired item returned ready, or the reverse");
+                    prop_assert_eq!(
+                        expired,
+                        model_expired,
+                        "expired item returned ready, or the reverse"
+                    );
                 }
                 Err(_) => prop_assert_eq!(model.len(), 0),
             },
@@ -181,7 +209,11 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                 mock.increment(Duration::from_millis(u64::from(ms)));
                 now_ms += u64::from(ms);
             }
-            Action::Reconfigure { capacity, max_bytes, weights } => {
+            Action::Reconfigure {
+                capacity,
+                max_bytes,
+                weights,
+            } => {
                 let evicted: Vec<u64> = queue
                     .reconfigure(config(capacity, max_bytes, weights, admission))
                     .unwrap()
@@ -199,7 +231,10 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
         }
         // Invariants after every step.
         let stats = queue.stats();
-        prop_assert!(stats.balances(), "pushed != popped + expired + evicted + refused + len: {stats:?}");
+        prop_assert!(
+            stats.balances(),
+            "pushed != popped + expired + evicted + refused + len: {stats:?}"
+        );
         prop_assert_eq!(stats.depth() as usize, model.len());
         prop_assert_eq!(queue.len(), model.len());
         prop_assert!(queue.len() <= model.capacity, "over capacity");
@@ -215,7 +250,10 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
     let expected: Vec<u64> = model.tiers.iter().rev().flatten().map(|i| i.id).collect();
     prop_assert_eq!(drained, expected);
     prop_assert!(queue.stats().balances());
-    prop_assert!(matches!(queue.push(u64::MAX, Meta::new(Criticality::Critical)), Err(PushError::Closed(_))));
+    prop_assert!(matches!(
+        queue.push(u64::MAX, Meta::new(Criticality::Critical)),
+        Err(PushError::Closed(_))
+    ));
     let _ = PerTier::splat(0);
     Ok(())
 }

@@ -209,7 +209,11 @@ mod tests {
         a.observe([ms(300), ms(5), ms(5), ms(5)]);
         assert_eq!(
             admitted(&a),
-            vec![Criticality::Critical, Criticality::High, Criticality::Medium]
+            vec![
+                Criticality::Critical,
+                Criticality::High,
+                Criticality::Medium
+            ]
         );
     }
 

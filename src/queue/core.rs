@@ -63,7 +63,12 @@ impl<T> Core<T> {
     }
 
     /// Counts a refusal decided outside the lock (admission) into this tier's stats.
-    pub(crate) fn refuse<U>(&mut self, reason: RefuseReason, tier: Criticality, item: U) -> PushError<U> {
+    pub(crate) fn refuse<U>(
+        &mut self,
+        reason: RefuseReason,
+        tier: Criticality,
+        item: U,
+    ) -> PushError<U> {
         let s = &mut self.stats[tier.rank()];
         s.pushed += 1;
         s.refused[reason.index()] += 1;
@@ -175,7 +180,11 @@ impl<T> Core<T> {
 
     /// Applies new bounds, evicting by the push rule (newest of the lowest non-empty tier) until
     /// the queue fits; with nothing below, the most critical tier gives way last.
-    pub(crate) fn set_bounds(&mut self, capacity: usize, max_bytes: Option<usize>) -> Vec<Entry<T>> {
+    pub(crate) fn set_bounds(
+        &mut self,
+        capacity: usize,
+        max_bytes: Option<usize>,
+    ) -> Vec<Entry<T>> {
         self.capacity = capacity;
         self.max_bytes = max_bytes;
         let mut out = Vec::new();

@@ -1,0 +1,125 @@
+//! Acknowledgement as a value with a status: one disposition per message, or "not processed".
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::ledger::Disposition;
+
+/// Where a source's acknowledgements go. Implemented by each connector.
+///
+/// The runtime calls [`resolve`](AckSink::resolve) exactly once per message, after the
+/// message's disposition is final (for `Deferred`, after the defer sink's broker confirmed the
+/// copy). A connector turns it into its broker's acknowledgement: Kafka stores the contiguous
+/// watermark of its partition and commits it; RabbitMQ acks or rejects the delivery.
+pub trait AckSink: Send + Sync + 'static {
+    /// Records the message's final disposition. Called once per [`AckRef`].
+    fn resolve(&self, token: AckRef, disposition: Disposition);
+
+    /// The message was handed back without a disposition (shutdown, revocation, a dropped
+    /// [`Ack`]): it must not be acknowledged, so the broker redelivers it. The default does
+    /// nothing, which for a watermark-committing source is exactly "not acknowledged".
+    fn release(&self, token: AckRef) {
+        let _ = token;
+    }
+}
+
+/// A connector-defined reference to one consumed message: three numbers, so that carrying it
+/// costs no allocation. Kafka uses `(partition index, offset, assignment epoch)`, RabbitMQ
+/// `(channel id, delivery tag, connection epoch)`; the in-memory source uses a sequence number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AckRef {
+    /// The partition, channel or stream the message came from (connector-defined index).
+    pub stream: u64,
+    /// Position within the stream: Kafka offset, AMQP delivery tag, sequence number.
+    pub position: u64,
+    /// Generation of the stream's ownership (assignment or connection epoch): an
+    /// acknowledgement from an older generation must be ignored.
+    pub epoch: u64,
+}
+
+/// A message's acknowledgement handle: resolves to exactly one [`Disposition`].
+///
+/// Dropped without [`resolve`](Ack::resolve), it *releases* the message (not processed, never
+/// done), so a bug or a cancelled task leads to a redelivery, not a loss.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use triage::ledger::Disposition;
+/// use triage::runtime::{Ack, AckRef, AckSink};
+///
+/// #[derive(Default)]
+/// struct Log(Mutex<Vec<(u64, Option<Disposition>)>>);
+/// impl AckSink for Log {
+///     fn resolve(&self, t: AckRef, d: Disposition) { self.0.lock().unwrap().push((t.position, Some(d))); }
+///     fn release(&self, t: AckRef) { self.0.lock().unwrap().push((t.position, None)); }
+/// }
+///
+/// let log = Arc::new(Log::default());
+/// let at = |position| AckRef { stream: 0, position, epoch: 0 };
+/// Ack::new(log.clone(), at(1)).resolve(Disposition::Completed);
+/// drop(Ack::new(log.clone(), at(2)));
+/// assert_eq!(*log.0.lock().unwrap(), vec![(1, Some(Disposition::Completed)), (2, None)]);
+/// ```
+pub struct Ack {
+    sink: Option<Arc<dyn AckSink>>,
+    token: AckRef,
+}
+
+impl Ack {
+    /// A handle that reports to `sink` for `token`.
+    pub fn new(sink: Arc<dyn AckSink>, token: AckRef) -> Self {
+        Ack {
+            sink: Some(sink),
+            token,
+        }
+    }
+
+    /// A handle that acknowledges nothing: for sources with no broker behind them (tests,
+    /// in-process producers).
+    pub fn noop() -> Self {
+        Ack {
+            sink: None,
+            token: AckRef {
+                stream: 0,
+                position: 0,
+                epoch: 0,
+            },
+        }
+    }
+
+    /// The message this handle acknowledges.
+    pub fn token(&self) -> AckRef {
+        self.token
+    }
+
+    /// Records the final disposition, consuming the handle.
+    pub fn resolve(mut self, disposition: Disposition) {
+        if let Some(sink) = self.sink.take() {
+            sink.resolve(self.token, disposition);
+        }
+    }
+
+    /// Hands the message back unacknowledged (it will be redelivered), consuming the handle.
+    pub fn release(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Ack {
+    fn drop(&mut self) {
+        if let Some(sink) = self.sink.take() {
+            sink.release(self.token);
+        }
+    }
+}
+
+impl fmt::Debug for Ack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ack")
+            .field("token", &self.token)
+            .field("noop", &self.sink.is_none())
+            .finish()
+    }
+}

@@ -1,0 +1,85 @@
+//! What a source hands to the runtime.
+
+use quanta::Instant;
+
+use crate::runtime::Ack;
+use crate::Criticality;
+
+/// A consumed message with what admission needs to decide about it, classified from headers,
+/// topic and timestamp only: the payload has not been touched.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use triage::runtime::{Ack, Envelope};
+/// use triage::Criticality;
+///
+/// let clock = triage::quanta::Clock::new();
+/// let envelope = Envelope::new(b"order-17".to_vec(), Criticality::Critical, Ack::noop())
+///     .with_deadline(clock.now() + Duration::from_secs(5))
+///     .with_size_bytes(8);
+/// assert_eq!(envelope.attempt, 0);
+/// ```
+#[derive(Debug)]
+pub struct Envelope<T> {
+    /// The message itself, still in its wire form.
+    pub payload: T,
+    /// Tier from the trusted classifier, before any retry demotion.
+    pub criticality: Criticality,
+    /// Retries so far (0 for a first delivery); the runtime demotes one level per retry.
+    pub attempt: u32,
+    /// Instant after which serving it is useless; `None` never expires.
+    pub deadline: Option<Instant>,
+    /// Size counted against the queue's byte budget, in bytes.
+    pub size_bytes: usize,
+    /// The acknowledgement handle, resolved once with the message's disposition.
+    pub ack: Ack,
+}
+
+impl<T> Envelope<T> {
+    /// A first delivery of `payload` at `criticality`, no deadline, size 0.
+    pub fn new(payload: T, criticality: Criticality, ack: Ack) -> Self {
+        Envelope {
+            payload,
+            criticality,
+            attempt: 0,
+            deadline: None,
+            size_bytes: 0,
+            ack,
+        }
+    }
+
+    /// Sets the deadline.
+    #[must_use]
+    pub fn with_deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// Sets or clears the deadline.
+    #[must_use]
+    pub fn with_deadline_opt(mut self, deadline: Option<Instant>) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Sets the size in bytes.
+    #[must_use]
+    pub fn with_size_bytes(mut self, size_bytes: usize) -> Self {
+        self.size_bytes = size_bytes;
+        self
+    }
+
+    /// Sets the retry count.
+    #[must_use]
+    pub fn with_attempt(mut self, attempt: u32) -> Self {
+        self.attempt = attempt;
+        self
+    }
+
+    /// The tier it is queued in: its criticality demoted once per retry.
+    pub fn effective_criticality(&self) -> Criticality {
+        self.criticality.demoted_by(self.attempt)
+    }
+}

@@ -1,0 +1,167 @@
+//! What the handler sees, and what it answers.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use quanta::{Clock, Instant};
+
+use crate::Criticality;
+
+/// How loaded the runtime is, for handlers that degrade instead of being shed (brownout).
+///
+/// Read from queue-age admission when the job starts: `level` tiers from the bottom of the
+/// ladder are being refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LoadLevel(pub(crate) u8);
+
+impl LoadLevel {
+    /// Nothing is being refused.
+    pub const NORMAL: LoadLevel = LoadLevel(0);
+
+    /// Number of tiers being refused, `0..=4`.
+    pub fn shed_tiers(self) -> u8 {
+        self.0
+    }
+
+    /// Whether any tier is being refused: a good moment to skip optional work.
+    pub fn is_overloaded(self) -> bool {
+        self.0 > 0
+    }
+
+    /// Whether `tier` is still being admitted.
+    pub fn admits(self, tier: Criticality) -> bool {
+        tier.rank() >= self.0 as usize
+    }
+}
+
+/// One message being served: the payload and what the handler may want to know about it.
+///
+/// # Examples
+///
+/// ```
+/// use triage::runtime::{HandlerError, Job};
+///
+/// async fn handle(job: Job<Vec<u8>>) -> Result<(), HandlerError> {
+///     if job.load().is_overloaded() {
+///         // brownout: skip the optional enrichment step
+///     }
+///     let text = std::str::from_utf8(job.payload()).map_err(HandlerError::permanent)?;
+///     let _ = text;
+///     Ok(())
+/// }
+/// ```
+pub struct Job<T> {
+    pub(crate) payload: Arc<T>,
+    pub(crate) criticality: Criticality,
+    pub(crate) original: Criticality,
+    pub(crate) attempt: u32,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) enqueued_at: Instant,
+    pub(crate) load: LoadLevel,
+    pub(crate) clock: Clock,
+}
+
+impl<T> Job<T> {
+    /// The message.
+    pub fn payload(&self) -> &T {
+        &self.payload
+    }
+
+    /// A shared handle on the message, to keep it past the handler's borrow.
+    pub fn payload_arc(&self) -> Arc<T> {
+        Arc::clone(&self.payload)
+    }
+
+    /// The tier it is served at: its criticality demoted once per retry.
+    pub fn criticality(&self) -> Criticality {
+        self.criticality
+    }
+
+    /// The criticality the source classified, before retry demotion.
+    pub fn original_criticality(&self) -> Criticality {
+        self.original
+    }
+
+    /// Retries before this one (0 on the first delivery).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The deadline, if any.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Time left before the deadline (zero once passed); `None` without a deadline. Pass it
+    /// down to the calls the handler makes rather than a fresh timeout.
+    pub fn remaining(&self) -> Option<Duration> {
+        self.deadline
+            .map(|d| d.saturating_duration_since(self.clock.now()))
+    }
+
+    /// How long it waited in the queue before this attempt started.
+    pub fn sojourn(&self) -> Duration {
+        self.clock.now().saturating_duration_since(self.enqueued_at)
+    }
+
+    /// The load when the job started.
+    pub fn load(&self) -> LoadLevel {
+        self.load
+    }
+}
+
+impl<T> fmt::Debug for Job<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Job")
+            .field("criticality", &self.criticality)
+            .field("attempt", &self.attempt)
+            .field("deadline", &self.deadline)
+            .field("load", &self.load)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A handler's failure: retry it (demoted one level, after a backoff) or give up now.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum HandlerError {
+    /// Worth retrying: a timeout, a dependency briefly unavailable.
+    Retryable(Box<dyn std::error::Error + Send + Sync>),
+    /// Never worth retrying: malformed input, a business rule. Dead-lettered at once.
+    Permanent(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl HandlerError {
+    /// A failure worth retrying.
+    pub fn retryable(err: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        HandlerError::Retryable(err.into())
+    }
+
+    /// A failure not worth retrying.
+    pub fn permanent(err: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        HandlerError::Permanent(err.into())
+    }
+
+    /// Whether it is worth retrying.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, HandlerError::Retryable(_))
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HandlerError::Retryable(e) => write!(f, "retryable handler error: {e}"),
+            HandlerError::Permanent(e) => write!(f, "permanent handler error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for HandlerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            HandlerError::Retryable(e) | HandlerError::Permanent(e) => Some(e.as_ref()),
+        }
+    }
+}

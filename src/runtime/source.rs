@@ -1,0 +1,37 @@
+//! The source side: where messages come from.
+
+use std::future::Future;
+
+use crate::runtime::Envelope;
+
+/// A pull-based stream of messages: a Kafka consumer, a RabbitMQ consumer, an in-memory
+/// channel.
+///
+/// The runtime pulls with [`next`](Source::next) only while it can take the message; when a
+/// message is refused with the `Backpressure` policy the runtime holds it, calls
+/// [`pause`](Source::pause), retries it as capacity returns, and calls
+/// [`resume`](Source::resume) once it is in. A source must keep its own prefetch bounded so that
+/// not pulling really does stop the flow (Kafka: pause the partitions and keep serving the group
+/// protocol; RabbitMQ: a bounded `basic.qos` prefetch).
+pub trait Source: Send + 'static {
+    /// The message type handed to the handler and to the defer and dead-letter sinks.
+    type Payload: Send + 'static;
+
+    /// The next message, or `None` once the source is finished (closed, shut down).
+    ///
+    /// Must be cancel safe: the runtime drops this future when it stops pulling.
+    fn next(&mut self) -> impl Future<Output = Option<Envelope<Self::Payload>>> + Send;
+
+    /// The runtime holds a refused message and stops pulling until [`resume`](Source::resume).
+    fn pause(&mut self) {}
+
+    /// The held message was admitted; pulling resumes.
+    fn resume(&mut self) {}
+
+    /// The runtime is stopping: every message it took has been resolved or released. Make the
+    /// final synchronous acknowledgement (Kafka: commit the watermark) and return. Must return
+    /// even when the broker is unreachable; the runtime also bounds it by its grace period.
+    fn shutdown(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+}
