@@ -94,8 +94,8 @@ struct State<T> {
 /// use triage::Criticality;
 ///
 /// let queue = WfqQueue::new(WfqConfig::with_capacity(2))?;
-/// queue.push("analytics", Meta::new(Criticality::Sheddable)).unwrap();
-/// queue.push("search", Meta::new(Criticality::High)).unwrap();
+/// assert!(queue.push("analytics", Meta::new(Criticality::Sheddable))?.is_empty());
+/// assert!(queue.push("search", Meta::new(Criticality::High))?.is_empty());
 ///
 /// // Full: a Critical push evicts the newest Sheddable item and hands it back.
 /// let evicted: Vec<_> = queue.push("checkout", Meta::new(Criticality::Critical)).unwrap().collect();
