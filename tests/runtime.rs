@@ -260,6 +260,7 @@ async fn defer_policy_publishes_then_acks_and_falls_back_to_backpressure_when_th
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let mut c = overload_config(RefusalPolicy::Defer);
     c.max_deferring = 2.try_into().unwrap();
+    c.max_held = 1.try_into().unwrap();
     let mut rt = Runtime::builder(c)
         .defer_sink(Arc::clone(&sink))
         .start(gated(Arc::clone(&gate)))

@@ -169,6 +169,8 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             ledger: crate::ledger::Ledger::new(),
             metrics: metrics::Metrics::register(),
             alive: AtomicI64::new(0),
+            refused: Default::default(),
+            admitted: Default::default(),
         });
         let inner = Arc::new(Inner {
             queue,
@@ -249,6 +251,8 @@ impl<T: Send + Sync + 'static> Runtime<T> {
             held: inner.held.load(Ordering::Relaxed).max(0) as u64,
             running: inner.limit.in_flight() as u64,
             limit: inner.limit.limit() as u64,
+            refused: per_tier(&inner.accounts.refused),
+            admitted: per_tier(&inner.accounts.admitted),
         }
     }
 
@@ -321,11 +325,17 @@ impl<T: Send + Sync + 'static> Runtime<T> {
                 held: inner.held.load(Ordering::Relaxed).max(0) as u64,
                 running: inner.limit.in_flight() as u64,
                 limit: inner.limit.limit() as u64,
+                refused: per_tier(&inner.accounts.refused),
+                admitted: per_tier(&inner.accounts.admitted),
             },
             grace_exceeded,
             elapsed: started.elapsed(),
         }
     }
+}
+
+fn per_tier(counters: &[AtomicU64; 4]) -> crate::PerTier<u64> {
+    crate::PerTier::from_fn(|t| counters[t.rank()].load(Ordering::Relaxed))
 }
 
 impl<T> std::fmt::Debug for Runtime<T> {

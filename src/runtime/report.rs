@@ -28,6 +28,11 @@ pub struct RuntimeStats {
     pub running: u64,
     /// Current concurrency limit.
     pub limit: u64,
+    /// Messages refused at admission at least once, per tier offered at (counted once per
+    /// message however often a held message is offered again).
+    pub refused: crate::PerTier<u64>,
+    /// Messages admitted into the queue, per tier queued at (counted once per message).
+    pub admitted: crate::PerTier<u64>,
 }
 
 impl RuntimeStats {
