@@ -188,15 +188,13 @@ fn overload_config(policy: RefusalPolicy) -> RuntimeConfig {
     c
 }
 
+type BoxedResult =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), HandlerError>> + Send>>;
+
 /// Waits on a gate so the test controls when the single worker proceeds.
 fn gated(
     gate: Arc<tokio::sync::Semaphore>,
-) -> impl Fn(
-    Job<u32>,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), HandlerError>> + Send>>
-       + Send
-       + Sync
-       + 'static {
+) -> impl Fn(Job<u32>) -> BoxedResult + Send + Sync + 'static {
     move |_job| {
         let gate = Arc::clone(&gate);
         Box::pin(async move {

@@ -150,10 +150,10 @@ fn tier_of(mix: [u32; 4], x: u32) -> Criticality {
     Criticality::Sheddable
 }
 
-/// Publishes at `rate` msgs/s for `duration` into `brokers`, the same schedule into each.
+/// Publishes at `rate` msgs/s for `duration` into `broker`.
 async fn generate(
     clock: &Clock,
-    brokers: &[MemoryBroker<Msg>],
+    broker: &MemoryBroker<Msg>,
     tally: &Mutex<Tally>,
     rate: f64,
     duration: Duration,
@@ -186,9 +186,7 @@ async fn generate(
                 t.done.push(None);
                 msg
             };
-            for b in brokers {
-                b.publish(msg, tier, Some(msg.deadline));
-            }
+            broker.publish(msg, tier, Some(msg.deadline));
             sent += 1;
         }
     }
@@ -312,7 +310,7 @@ pub async fn run(p: &Params) -> Outcome {
     let s0 = rt.stats();
     generate(
         &clock,
-        &[broker.clone()],
+        &broker,
         &tally,
         capacity_per_s * p.factor,
         p.duration,
@@ -328,10 +326,9 @@ pub async fn run(p: &Params) -> Outcome {
     let recovery_rate = capacity_per_s * p.recovery_factor;
     let mut levels = Vec::new();
     {
-        let brokers = [broker.clone()];
         let gen = generate(
             &clock,
-            &brokers,
+            &broker,
             &tally,
             recovery_rate,
             p.recovery,
@@ -404,7 +401,7 @@ pub async fn run(p: &Params) -> Outcome {
     let mut rng = fastrand::Rng::with_seed(7);
     generate(
         &clock,
-        &[fifo_broker.clone()],
+        &fifo_broker,
         &fifo_tally,
         capacity_per_s * p.factor,
         p.duration,

@@ -163,7 +163,7 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
                     .map_err(|e| ConfigError::new("workers", e.value.clone(), e.allowed.clone()))?,
             ),
         };
-        let limit = ConcurrencyLimit::new(limiter, config.shares.clone());
+        let limit = ConcurrencyLimit::new(limiter, config.shares);
         let queue = WfqQueue::with_clock(config.queue.clone(), self.clock.clone())?;
         let accounts = Arc::new(Accounts {
             ledger: crate::ledger::Ledger::new(),

@@ -8,9 +8,10 @@ use crate::queue::QueueStats;
 
 /// A snapshot of the runtime's accounting.
 ///
-/// The invariant `consumed = completed + failed + deferred + expired + shed + released + queued
-/// + in_flight` is checked by [`balances`](RuntimeStats::balances), where `queued + in_flight`
-/// is counted independently of the ledger (by the life of each message inside the runtime).
+/// The invariant
+/// `consumed = completed + failed + deferred + expired + shed + released + queued + in_flight`
+/// is checked by [`balances`](RuntimeStats::balances), where `queued + in_flight` is counted
+/// independently of the ledger (by the life of each message inside the runtime).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RuntimeStats {
     /// Dispositions and consumption per tier (by the criticality the source classified).
