@@ -229,7 +229,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             return self.hold_until_queued(item).await;
         };
         let info = self.republish_info(&item, reason.as_str(), None);
-        match sink.publish(&item.payload, &info).await {
+        match sink.publish(item.payload(), &info).await {
             Ok(()) => {
                 self.accounts.metrics.tiers[item.original]
                     .deferred
@@ -320,7 +320,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
     }
 
-    async fn serve(self: &Arc<Self>, item: Item<T>, enqueued_at: Instant) {
+    async fn serve(self: &Arc<Self>, mut item: Item<T>, enqueued_at: Instant) {
         let tier = item.tier();
         // The mask admitted this tier; another worker may have taken the last slot since.
         let permit = loop {
@@ -331,7 +331,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             listener.await;
         };
         let job = Job {
-            payload: Arc::clone(&item.payload),
+            payload: item.share(),
             criticality: tier,
             original: item.original,
             attempt: item.attempt,
@@ -410,7 +410,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             let info = self.republish_info(&item, reason, Some(error));
             let mut attempt = 0u32;
             loop {
-                match sink.publish(&item.payload, &info).await {
+                match sink.publish(item.payload(), &info).await {
                     Ok(()) => break,
                     Err(_) => {
                         attempt = attempt.saturating_add(1);

@@ -25,11 +25,20 @@ pub(crate) struct Accounts {
     pub(crate) admitted: [AtomicU64; 4],
 }
 
+/// The message, owned until a handler first needs a shared handle: admission and refusal never
+/// allocate for it.
+enum Payload<T> {
+    Owned(T),
+    Shared(Arc<T>),
+    /// Only while switching from `Owned` to `Shared`.
+    Moving,
+}
+
 /// One consumed message. Settled exactly once: [`Item::settle`] records its disposition and
 /// resolves its ack; dropped unsettled (shutdown, an aborted task), it is *released*: counted,
 /// and its ack tells the source not to acknowledge it.
 pub(crate) struct Item<T> {
-    pub(crate) payload: Arc<T>,
+    payload: Payload<T>,
     pub(crate) original: Criticality,
     pub(crate) attempt: u32,
     pub(crate) deadline: Option<Instant>,
@@ -51,7 +60,7 @@ impl<T> Item<T> {
         accounts.metrics.tiers[original].consumed.increment(1);
         accounts.alive.fetch_add(1, Ordering::Relaxed);
         Item {
-            payload: Arc::new(env.payload),
+            payload: Payload::Owned(env.payload),
             original,
             attempt: env.attempt,
             deadline: env.deadline,
@@ -61,6 +70,56 @@ impl<T> Item<T> {
             admitted_before: false,
             ack: Some(env.ack),
             accounts: Arc::clone(accounts),
+        }
+    }
+
+    /// The message.
+    pub(crate) fn payload(&self) -> &T {
+        match &self.payload {
+            Payload::Owned(t) => t,
+            Payload::Shared(a) => a,
+            // `share` leaves `Moving` only inside its own body.
+            Payload::Moving => unreachable!("payload observed while moving"),
+        }
+    }
+
+    /// A shared handle for a handler, allocated on first use (once per message served).
+    pub(crate) fn share(&mut self) -> Arc<T> {
+        if let Payload::Shared(a) = &self.payload {
+            return Arc::clone(a);
+        }
+        let arc = match std::mem::replace(&mut self.payload, Payload::Moving) {
+            Payload::Owned(t) => Arc::new(t),
+            Payload::Shared(a) => a,
+            Payload::Moving => unreachable!("payload moved twice"),
+        };
+        self.payload = Payload::Shared(Arc::clone(&arc));
+        arc
+    }
+
+    /// Hands the message back to an in-process caller: counted as released (it was consumed
+    /// but gets no disposition here), its ack untouched and returned inside the envelope.
+    pub(crate) fn hand_back(mut self) -> Envelope<T> {
+        let ack = self.ack.take().unwrap_or_else(Ack::noop);
+        self.accounts.ledger.record_released(self.original);
+        self.accounts.metrics.tiers[self.original].released.increment(1);
+        self.accounts.alive.fetch_sub(1, Ordering::Relaxed);
+        let payload = match std::mem::replace(&mut self.payload, Payload::Moving) {
+            Payload::Owned(t) => t,
+            // Only a handler shares the payload, and a message in a handler is not handed back.
+            Payload::Shared(a) => match Arc::try_unwrap(a) {
+                Ok(t) => t,
+                Err(_) => unreachable!("payload still shared when handed back"),
+            },
+            Payload::Moving => unreachable!("payload moved twice"),
+        };
+        Envelope {
+            payload,
+            criticality: self.original,
+            attempt: self.attempt,
+            deadline: self.deadline,
+            size_bytes: self.size_bytes,
+            ack,
         }
     }
 

@@ -31,6 +31,7 @@ pub(crate) mod metrics;
 mod report;
 mod sink;
 mod source;
+mod submit;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -48,6 +49,7 @@ pub use envelope::Envelope;
 pub use job::{HandlerError, Job, LoadLevel};
 pub use memory::{AckCounts, MemoryBroker, MemorySink, MemorySource};
 pub use report::{Report, RuntimeStats};
+pub use submit::SubmitError;
 pub use sink::{DeadLetterSink, DeferReason, DeferSink, Republish, SinkError};
 pub use source::Source;
 
@@ -238,6 +240,38 @@ impl<T: Send + Sync + 'static> Runtime<T> {
             Arc::clone(&self.final_ack),
         );
         self.intakes.push(tokio::spawn(task));
+    }
+
+    /// Offers a message from an in-process producer (an HTTP handler enqueuing background work,
+    /// say) rather than an attached [`Source`].
+    ///
+    /// The message goes through the same admission and refusal policies as a pulled one. When
+    /// its tier's policy is Backpressure and it cannot be taken now, it comes back inside the
+    /// error so the caller can push back on its own caller (a 503 with `Retry-After`, or a retry
+    /// later); deciding that costs one atomic load and allocates nothing.
+    ///
+    /// # Errors
+    ///
+    /// - [`SubmitError::Overloaded`]: queue-age admission refuses the tier; nothing recorded
+    ///   but the `triage_refused_total` counter.
+    /// - [`SubmitError::Full`]: the queue is full with nothing lower to evict; the message was
+    ///   counted as consumed and then released.
+    /// - [`SubmitError::Closed`]: the runtime is shutting down.
+    pub fn try_submit(&self, envelope: Envelope<T>) -> Result<(), SubmitError<T>> {
+        let inner = &self.inner;
+        if inner.stop.is_cancelled() {
+            return Err(SubmitError::Closed(envelope));
+        }
+        let tier = envelope.effective_criticality();
+        if inner.config.policy[tier] == RefusalPolicy::Backpressure && !inner.queue.admits(tier) {
+            inner.accounts.metrics.tiers[tier].refused[0].increment(1);
+            return Err(SubmitError::Overloaded(envelope));
+        }
+        let item = item::Item::consumed(envelope, false, &inner.accounts);
+        match inner.offer(item) {
+            engine::Offer::Taken => Ok(()),
+            engine::Offer::Hold(item) => Err(SubmitError::Full(item.hand_back())),
+        }
     }
 
     /// The accounting right now.

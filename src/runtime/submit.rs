@@ -1,0 +1,48 @@
+//! What [`Runtime::try_submit`](crate::runtime::Runtime::try_submit) hands back.
+
+use std::fmt;
+
+use crate::runtime::Envelope;
+
+/// A message refused by [`Runtime::try_submit`](crate::runtime::Runtime::try_submit), handed
+/// back whole. `Debug` prints `Overloaded(..)` so `T` needs no `Debug`.
+#[non_exhaustive]
+pub enum SubmitError<T> {
+    /// Queue-age admission refuses its tier now.
+    Overloaded(Envelope<T>),
+    /// The queue is full with nothing of a lower tier to evict.
+    Full(Envelope<T>),
+    /// The runtime is shutting down.
+    Closed(Envelope<T>),
+}
+
+impl<T> SubmitError<T> {
+    /// The refused message.
+    pub fn into_inner(self) -> Envelope<T> {
+        match self {
+            SubmitError::Overloaded(e) | SubmitError::Full(e) | SubmitError::Closed(e) => e,
+        }
+    }
+}
+
+impl<T> fmt::Debug for SubmitError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SubmitError::Overloaded(_) => "Overloaded(..)",
+            SubmitError::Full(_) => "Full(..)",
+            SubmitError::Closed(_) => "Closed(..)",
+        })
+    }
+}
+
+impl<T> fmt::Display for SubmitError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SubmitError::Overloaded(_) => "overloaded: queue age is above the tier's cut-off",
+            SubmitError::Full(_) => "queue is full with nothing of a lower tier to evict",
+            SubmitError::Closed(_) => "runtime is shutting down",
+        })
+    }
+}
+
+impl<T> std::error::Error for SubmitError<T> {}

@@ -1,0 +1,55 @@
+//! Pins `Send` and `Sync` for the public types, so a change that loses them fails here.
+
+#![allow(dead_code)]
+
+use triage::ledger::{AckTracker, Ledger, LedgerSnapshot};
+use triage::limit::{ConcurrencyLimit, Limiter, Permit, TierShares};
+use triage::queue::{Dequeued, Entry, Evictions, PushError, QueueStats, WfqConfig, WfqQueue};
+use triage::runtime::{
+    Ack, Envelope, HandlerError, Job, MemoryBroker, MemorySink, MemorySource, Report, Runtime,
+    RuntimeConfig, RuntimeStats, SinkError, SubmitError,
+};
+use triage::{ConfigError, Criticality, PerTier};
+
+fn send<T: Send>() {}
+fn sync<T: Sync>() {}
+fn send_sync<T: Send + Sync>() {}
+
+/// Not `Sync`, to show the queue only needs `T: Send`.
+struct Cell(std::cell::Cell<u32>);
+
+#[test]
+fn public_types_are_send_and_sync() {
+    send_sync::<Criticality>();
+    send_sync::<PerTier<u64>>();
+    send_sync::<ConfigError>();
+    send_sync::<WfqConfig>();
+    send_sync::<WfqQueue<Cell>>();
+    send::<Entry<Cell>>();
+    send::<Dequeued<Cell>>();
+    send::<Evictions<Cell>>();
+    send::<PushError<Cell>>();
+    send_sync::<PushError<u32>>();
+    send_sync::<QueueStats>();
+    send_sync::<Ledger>();
+    send_sync::<LedgerSnapshot>();
+    send_sync::<AckTracker<(String, i32)>>();
+    send_sync::<ConcurrencyLimit>();
+    send_sync::<Permit>();
+    send_sync::<Limiter>();
+    send_sync::<TierShares>();
+    send_sync::<Ack>();
+    send::<Envelope<Vec<u8>>>();
+    send_sync::<Job<Vec<u8>>>();
+    send_sync::<HandlerError>();
+    send_sync::<SinkError>();
+    send::<SubmitError<Vec<u8>>>();
+    send_sync::<MemoryBroker<Vec<u8>>>();
+    send::<MemorySource<Vec<u8>>>();
+    send_sync::<MemorySink<Vec<u8>>>();
+    send_sync::<Runtime<Vec<u8>>>();
+    send_sync::<RuntimeConfig>();
+    send_sync::<RuntimeStats>();
+    send_sync::<Report>();
+    let _ = sync::<Criticality>;
+}
