@@ -244,7 +244,9 @@ impl ConsumerContext for SourceContext {
             .revocations
             .fetch_add(1, Ordering::Relaxed);
         let offsets = &self.offsets;
-        if !offsets.closing.load(Ordering::Acquire) {
+        // A lost assignment (session timed out) already belongs to someone else: committing
+        // would fail, or worse overwrite the new owner's position.
+        if !offsets.closing.load(Ordering::Acquire) && !consumer.assignment_lost() {
             // Commit what is settled before giving the partitions up, so the next owner starts
             // exactly after it. A synchronous commit here is what librdkafka documents for
             // this callback; on failure the next owner redelivers from the older position.
