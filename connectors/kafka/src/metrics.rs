@@ -1,0 +1,90 @@
+//! Every metric this crate records, through the [`metrics`](::metrics) facade.
+//!
+//! One module names them all so a dashboard can be written from this page. Counters only
+//! increase. None is recorded per message on the reject path; the per-message ones
+//! ([`UNCLASSIFIED_TOTAL`], [`STALE_ACKS_TOTAL`]) are one counter increment each.
+//!
+//! | name | kind | labels | meaning |
+//! | --- | --- | --- | --- |
+//! | `triage_kafka_committed_offset` | gauge | `topic`, `partition` | last position committed by this process (next offset to consume) |
+//! | `triage_kafka_commits_total` | counter | `trigger` (`interval`, `revoke`, `shutdown`) | offset commits that succeeded |
+//! | `triage_kafka_commits_failed_total` | counter | `trigger` | offset commits that failed or timed out (retried at the next interval) |
+//! | `triage_kafka_unclassified_total` | counter | `reason` (`missing`, `malformed`, `duplicate`, `unmapped`, `bad_deadline`) | messages whose label could not be used: they got the configured default |
+//! | `triage_kafka_rebalances_total` | counter | `kind` (`assign`, `revoke`, `error`) | rebalance callbacks |
+//! | `triage_kafka_stale_acks_total` | counter | | dispositions for a partition no longer owned (ignored, never stored) |
+//! | `triage_kafka_pauses_total` | counter | `cause` (`runtime`, `buffer`) | times the assignment was paused |
+//! | `triage_kafka_published_total` | counter | `destination` (`defer`, `dead_letter`), `result` (`ok`, `rejected`, `not_confirmed`, `unavailable`) | sink publishes by outcome |
+
+use metrics::{counter, gauge};
+
+use crate::source::UnclassifiedReason;
+
+/// Gauge: last committed position per partition.
+pub const COMMITTED_OFFSET: &str = "triage_kafka_committed_offset";
+/// Counter: successful offset commits, by trigger.
+pub const COMMITS_TOTAL: &str = "triage_kafka_commits_total";
+/// Counter: failed offset commits, by trigger.
+pub const COMMITS_FAILED_TOTAL: &str = "triage_kafka_commits_failed_total";
+/// Counter: messages that fell back to the default tier, by reason.
+pub const UNCLASSIFIED_TOTAL: &str = "triage_kafka_unclassified_total";
+/// Counter: rebalance callbacks, by kind.
+pub const REBALANCES_TOTAL: &str = "triage_kafka_rebalances_total";
+/// Counter: dispositions ignored because their partition was revoked.
+pub const STALE_ACKS_TOTAL: &str = "triage_kafka_stale_acks_total";
+/// Counter: assignment pauses, by cause.
+pub const PAUSES_TOTAL: &str = "triage_kafka_pauses_total";
+/// Counter: sink publishes, by destination and result.
+pub const PUBLISHED_TOTAL: &str = "triage_kafka_published_total";
+
+/// What caused an offset commit (the `trigger` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CommitTrigger {
+    Interval,
+    Revoke,
+    Shutdown,
+}
+
+impl CommitTrigger {
+    fn as_str(self) -> &'static str {
+        match self {
+            CommitTrigger::Interval => "interval",
+            CommitTrigger::Revoke => "revoke",
+            CommitTrigger::Shutdown => "shutdown",
+        }
+    }
+}
+
+pub(crate) fn committed(topic: &str, partition: i32, position: u64) {
+    // f64 is exact for offsets below 2^53, far beyond any real partition.
+    gauge!(COMMITTED_OFFSET, "topic" => topic.to_owned(), "partition" => partition.to_string())
+        .set(position as f64);
+}
+
+pub(crate) fn commit(trigger: CommitTrigger, ok: bool) {
+    let name = if ok {
+        COMMITS_TOTAL
+    } else {
+        COMMITS_FAILED_TOTAL
+    };
+    counter!(name, "trigger" => trigger.as_str()).increment(1);
+}
+
+pub(crate) fn unclassified(reason: UnclassifiedReason) {
+    counter!(UNCLASSIFIED_TOTAL, "reason" => reason.as_str()).increment(1);
+}
+
+pub(crate) fn rebalance(kind: &'static str) {
+    counter!(REBALANCES_TOTAL, "kind" => kind).increment(1);
+}
+
+pub(crate) fn stale_ack() {
+    counter!(STALE_ACKS_TOTAL).increment(1);
+}
+
+pub(crate) fn pause(cause: &'static str) {
+    counter!(PAUSES_TOTAL, "cause" => cause).increment(1);
+}
+
+pub(crate) fn published(destination: &'static str, result: &'static str) {
+    counter!(PUBLISHED_TOTAL, "destination" => destination, "result" => result).increment(1);
+}

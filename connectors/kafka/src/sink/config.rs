@@ -1,0 +1,168 @@
+//! Configuration of [`KafkaDeferSink`](super::KafkaDeferSink).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use triage::ConfigError;
+
+/// Producer properties the sink sets itself; `properties` may not override them.
+const MANAGED_PROPERTIES: [&str; 5] = [
+    "bootstrap.servers",
+    "acks",
+    "enable.idempotence",
+    "message.timeout.ms",
+    "message.max.bytes",
+];
+
+/// Configuration of a [`KafkaDeferSink`](super::KafkaDeferSink): one destination topic.
+///
+/// # Examples
+///
+/// ```
+/// use triage_kafka::KafkaSinkConfig;
+///
+/// let config = KafkaSinkConfig::new("127.0.0.1:9092", "orders.deferred");
+/// config.validate()?;
+/// assert_eq!(config.message_timeout_ms, 10_000);
+/// # Ok::<(), triage::ConfigError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaSinkConfig {
+    /// Comma-separated `host:port` list. Default `127.0.0.1:9092`.
+    pub bootstrap_servers: String,
+    /// Destination topic (create it beforehand, with the retention deferred work needs).
+    /// Default empty, which [`validate`](Self::validate) refuses.
+    pub topic: String,
+    /// librdkafka's `message.timeout.ms`: how long a publish may take, retries included,
+    /// before it fails, in milliseconds. Default 10000; allowed `1..=900_000`.
+    pub message_timeout_ms: u64,
+    /// librdkafka's `message.max.bytes`: the largest record the producer sends (key,
+    /// payload and headers); bigger ones are refused as `SinkError::Rejected`. Keep it at
+    /// most the topic's `max.message.bytes`. Default 1000000; allowed `1000..=1_000_000_000`.
+    pub max_message_bytes: usize,
+    /// Extra librdkafka producer properties (e.g. `linger.ms`, `compression.type`). Default
+    /// empty. `bootstrap.servers`, `acks`, `enable.idempotence`, `message.timeout.ms` and
+    /// `message.max.bytes` are refused: they are fields or fixed (acks=all, idempotence on).
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for KafkaSinkConfig {
+    fn default() -> Self {
+        KafkaSinkConfig {
+            bootstrap_servers: "127.0.0.1:9092".into(),
+            topic: String::new(),
+            message_timeout_ms: 10_000,
+            max_message_bytes: 1_000_000,
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+impl KafkaSinkConfig {
+    /// A configuration publishing to `topic`, every other field at its default.
+    pub fn new(bootstrap_servers: impl Into<String>, topic: impl Into<String>) -> Self {
+        KafkaSinkConfig {
+            bootstrap_servers: bootstrap_servers.into(),
+            topic: topic.into(),
+            ..KafkaSinkConfig::default()
+        }
+    }
+
+    /// Checks every field against its documented range.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the first field out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.bootstrap_servers.trim().is_empty() {
+            return Err(ConfigError::new(
+                "bootstrap_servers",
+                "\"\"",
+                "a non-empty host:port list",
+            ));
+        }
+        if self.topic.trim().is_empty() {
+            return Err(ConfigError::new("topic", "\"\"", "a non-empty topic name"));
+        }
+        if !(1..=900_000).contains(&self.message_timeout_ms) {
+            return Err(ConfigError::new(
+                "message_timeout_ms",
+                self.message_timeout_ms,
+                "1..=900000",
+            ));
+        }
+        if !(1000..=1_000_000_000).contains(&self.max_message_bytes) {
+            return Err(ConfigError::new(
+                "max_message_bytes",
+                self.max_message_bytes,
+                "1000..=1000000000",
+            ));
+        }
+        if let Some(key) = self
+            .properties
+            .keys()
+            .find(|k| MANAGED_PROPERTIES.contains(&k.as_str()))
+        {
+            return Err(ConfigError::new(
+                format!("properties.{key}"),
+                &self.properties[key],
+                "unset: the sink manages this property",
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`message_timeout_ms`](Self::message_timeout_ms) as a duration.
+    pub fn message_timeout(&self) -> Duration {
+        Duration::from_millis(self.message_timeout_ms)
+    }
+
+    pub(crate) fn client_properties(&self) -> BTreeMap<String, String> {
+        let mut props = BTreeMap::from([
+            (
+                "bootstrap.servers".to_owned(),
+                self.bootstrap_servers.clone(),
+            ),
+            // Durable before Ok: every in-sync replica has it, and retries do not duplicate.
+            ("acks".to_owned(), "all".to_owned()),
+            ("enable.idempotence".to_owned(), "true".to_owned()),
+            (
+                "message.timeout.ms".to_owned(),
+                self.message_timeout_ms.to_string(),
+            ),
+            (
+                "message.max.bytes".to_owned(),
+                self.max_message_bytes.to_string(),
+            ),
+        ]);
+        for (k, v) in &self.properties {
+            props.insert(k.clone(), v.clone());
+        }
+        props
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_fields() {
+        assert_eq!(
+            KafkaSinkConfig::default().validate().unwrap_err().field(),
+            "topic"
+        );
+        let mut c = KafkaSinkConfig::new("b:1", "t");
+        c.validate().unwrap();
+        c.message_timeout_ms = 0;
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "message_timeout_ms = 0 is out of range: allowed 1..=900000"
+        );
+        c.message_timeout_ms = 1;
+        c.properties.insert("acks".into(), "1".into());
+        assert_eq!(c.validate().unwrap_err().field(), "properties.acks");
+    }
+}

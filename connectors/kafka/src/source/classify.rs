@@ -1,0 +1,370 @@
+//! Criticality and deadline from headers, topic and timestamp: never the payload.
+//!
+//! The decision must be nearly free (DESIGN §1), so it reads only what the broker already
+//! parsed. Labels are trusted only where configured (`trusted_topics`): whoever can write to
+//! an untrusted topic must not be able to promote its own messages.
+//!
+//! Bad input never fails and never panics; it falls back and is counted by reason:
+//! - `missing`: a trusted topic's message without the header;
+//! - `malformed`: a header value that is not a label (`"abc"`, numbers, non-UTF-8, null);
+//! - `duplicate`: the header appears more than once. Treated as malformed rather than
+//!   "first wins": two labels disagree or are redundant, either way the producer is broken,
+//!   and picking one would silently trust half of it;
+//! - `unmapped`: an untrusted topic with no entry in `topic_tiers`;
+//! - `bad_deadline`: a deadline header that is not decimal Unix milliseconds (the
+//!   timestamp-plus-window deadline is used instead).
+//!
+//! After a label problem the topic's tier applies if it has one, else the default tier.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use triage::quanta::{Clock, Instant};
+use triage::{Criticality, PerTier};
+
+use super::config::KafkaSourceConfig;
+
+/// What a classifier may look at: everything about a record except its payload.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct MessageMeta<'a> {
+    /// Topic of the record.
+    pub topic: &'a str,
+    /// Partition of the record.
+    pub partition: i32,
+    /// Offset of the record.
+    pub offset: i64,
+    /// Record key, if any.
+    pub key: Option<&'a [u8]>,
+    /// Headers in record order, duplicates kept.
+    pub headers: &'a [(String, Option<Vec<u8>>)],
+    /// Record timestamp, Unix milliseconds.
+    pub timestamp_ms: Option<i64>,
+}
+
+/// A user classifier: `Some(tier)` decides, `None` falls through to the configured rules.
+pub type ClassifyFn = Arc<dyn Fn(&MessageMeta<'_>) -> Option<Criticality> + Send + Sync>;
+
+/// Why a message fell back to a default (the `reason` label of
+/// `triage_kafka_unclassified_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum UnclassifiedReason {
+    /// A trusted topic's record without the criticality header.
+    Missing,
+    /// A criticality header whose value is not a label (including non-UTF-8 and null).
+    Malformed,
+    /// The criticality header appears more than once.
+    Duplicate,
+    /// An untrusted topic with no topic tier.
+    Unmapped,
+    /// A deadline header that is not decimal Unix milliseconds.
+    BadDeadline,
+}
+
+impl UnclassifiedReason {
+    /// Every reason, in declaration order.
+    pub const ALL: [UnclassifiedReason; 5] = [
+        UnclassifiedReason::Missing,
+        UnclassifiedReason::Malformed,
+        UnclassifiedReason::Duplicate,
+        UnclassifiedReason::Unmapped,
+        UnclassifiedReason::BadDeadline,
+    ];
+
+    /// Lowercase name, used as the metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            UnclassifiedReason::Missing => "missing",
+            UnclassifiedReason::Malformed => "malformed",
+            UnclassifiedReason::Duplicate => "duplicate",
+            UnclassifiedReason::Unmapped => "unmapped",
+            UnclassifiedReason::BadDeadline => "bad_deadline",
+        }
+    }
+
+    pub(crate) const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for UnclassifiedReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The outcome of classifying one record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Classified {
+    pub(crate) criticality: Criticality,
+    /// Absolute deadline, Unix milliseconds.
+    pub(crate) deadline_ms: Option<i64>,
+    /// Label problem, if any (counted by the caller).
+    pub(crate) tier_problem: Option<UnclassifiedReason>,
+    /// Deadline problem, if any (counted by the caller).
+    pub(crate) deadline_problem: Option<UnclassifiedReason>,
+}
+
+/// The configured rules, compiled once.
+pub(crate) struct Classifier {
+    header: String,
+    deadline_header: String,
+    trusted: HashSet<String>,
+    topic_tiers: BTreeMap<String, Criticality>,
+    default_tier: Criticality,
+    window_ms: PerTier<Option<u64>>,
+    user: Option<ClassifyFn>,
+}
+
+impl fmt::Debug for Classifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Classifier")
+            .field("header", &self.header)
+            .field("trusted", &self.trusted)
+            .field("default_tier", &self.default_tier)
+            .field("user", &self.user.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Classifier {
+    pub(crate) fn new(config: &KafkaSourceConfig, user: Option<ClassifyFn>) -> Self {
+        Classifier {
+            header: config.criticality.header.clone(),
+            deadline_header: config.deadline.header.clone(),
+            trusted: config.criticality.trusted_topics.iter().cloned().collect(),
+            topic_tiers: config.criticality.topic_tiers.clone(),
+            default_tier: config.criticality.default_tier,
+            window_ms: config.deadline.window_ms,
+            user,
+        }
+    }
+
+    pub(crate) fn classify(&self, meta: &MessageMeta<'_>) -> Classified {
+        let trusted = self.trusted.contains(meta.topic);
+        let (criticality, tier_problem) = self.tier(meta, trusted);
+        let (deadline_ms, deadline_problem) = self.deadline(meta, trusted, criticality);
+        Classified {
+            criticality,
+            deadline_ms,
+            tier_problem,
+            deadline_problem,
+        }
+    }
+
+    fn tier(
+        &self,
+        meta: &MessageMeta<'_>,
+        trusted: bool,
+    ) -> (Criticality, Option<UnclassifiedReason>) {
+        if let Some(c) = self.user.as_ref().and_then(|f| f(meta)) {
+            return (c, None);
+        }
+        let topic_tier = self.topic_tiers.get(meta.topic).copied();
+        let fallback = topic_tier.unwrap_or(self.default_tier);
+        if !trusted {
+            let problem = topic_tier.is_none().then_some(UnclassifiedReason::Unmapped);
+            return (fallback, problem);
+        }
+        let mut found = meta.headers.iter().filter(|(n, _)| *n == self.header);
+        match (found.next(), found.next()) {
+            (None, _) => match topic_tier {
+                Some(t) => (t, None),
+                None => (self.default_tier, Some(UnclassifiedReason::Missing)),
+            },
+            (Some(_), Some(_)) => (fallback, Some(UnclassifiedReason::Duplicate)),
+            (Some((_, value)), None) => match value.as_deref().map(Criticality::from_bytes) {
+                Some(Ok(c)) => (c, None),
+                _ => (fallback, Some(UnclassifiedReason::Malformed)),
+            },
+        }
+    }
+
+    fn deadline(
+        &self,
+        meta: &MessageMeta<'_>,
+        trusted: bool,
+        tier: Criticality,
+    ) -> (Option<i64>, Option<UnclassifiedReason>) {
+        let mut problem = None;
+        if trusted {
+            if let Some((_, value)) = meta
+                .headers
+                .iter()
+                .find(|(n, _)| *n == self.deadline_header)
+            {
+                match value.as_deref().and_then(parse_unix_ms) {
+                    Some(ms) => return (Some(ms), None),
+                    None => problem = Some(UnclassifiedReason::BadDeadline),
+                }
+            }
+        }
+        let window = self.window_ms[tier].and_then(|w| i64::try_from(w).ok());
+        let implicit = match (meta.timestamp_ms, window) {
+            (Some(ts), Some(w)) => Some(ts.saturating_add(w)),
+            _ => None,
+        };
+        (implicit, problem)
+    }
+}
+
+/// Decimal Unix milliseconds, ASCII digits only (surrounding ASCII whitespace allowed).
+fn parse_unix_ms(bytes: &[u8]) -> Option<i64> {
+    let s = std::str::from_utf8(bytes.trim_ascii()).ok()?;
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// The instant on `clock` matching wall-clock `deadline_ms` (Unix milliseconds): `now +
+/// (deadline - wall now)`. A deadline already passed maps to `now` (expired at the first
+/// look); one too far to represent maps to `None` (never expires).
+pub(crate) fn deadline_instant(clock: &Clock, deadline_ms: i64) -> Option<Instant> {
+    let now = clock.now();
+    let target = UNIX_EPOCH + Duration::from_millis(u64::try_from(deadline_ms).unwrap_or(0));
+    match target.duration_since(SystemTime::now()) {
+        Ok(ahead) => now.checked_add(ahead),
+        Err(_) => Some(now),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta<'a>(topic: &'a str, headers: &'a [(String, Option<Vec<u8>>)]) -> MessageMeta<'a> {
+        MessageMeta {
+            topic,
+            partition: 0,
+            offset: 0,
+            key: None,
+            headers,
+            timestamp_ms: Some(1_000),
+        }
+    }
+
+    type Headers = Vec<(String, Option<Vec<u8>>)>;
+
+    fn h(name: &str, value: &[u8]) -> (String, Option<Vec<u8>>) {
+        (name.to_owned(), Some(value.to_vec()))
+    }
+
+    fn classifier() -> Classifier {
+        let mut c = KafkaSourceConfig::new("b:1", "g", ["t", "u", "v"]);
+        c.criticality.trusted_topics = vec!["t".into()];
+        c.criticality
+            .topic_tiers
+            .insert("v".into(), Criticality::High);
+        Classifier::new(&c, None)
+    }
+
+    #[test]
+    fn trusted_header_decides() {
+        let c = classifier();
+        let hs = [h("triage-criticality", b"critical")];
+        let r = c.classify(&meta("t", &hs));
+        assert_eq!(
+            (r.criticality, r.tier_problem),
+            (Criticality::Critical, None)
+        );
+        // Critical has no implicit window.
+        assert_eq!(r.deadline_ms, None);
+    }
+
+    #[test]
+    fn untrusted_header_is_ignored() {
+        let c = classifier();
+        let hs = [h("triage-criticality", b"critical")];
+        let r = c.classify(&meta("u", &hs));
+        assert_eq!(r.criticality, Criticality::Medium);
+        assert_eq!(r.tier_problem, Some(UnclassifiedReason::Unmapped));
+        assert_eq!(c.classify(&meta("v", &hs)).criticality, Criticality::High);
+        assert_eq!(r.deadline_ms, Some(1_000 + 900_000));
+    }
+
+    #[test]
+    fn bad_labels_fall_back_counted() {
+        let c = classifier();
+        let cases: [(Headers, UnclassifiedReason); 5] = [
+            (vec![], UnclassifiedReason::Missing),
+            (
+                vec![h("triage-criticality", b"abc")],
+                UnclassifiedReason::Malformed,
+            ),
+            (
+                vec![h("triage-criticality", &[0xff, 0xfe])],
+                UnclassifiedReason::Malformed,
+            ),
+            (
+                vec![("triage-criticality".into(), None)],
+                UnclassifiedReason::Malformed,
+            ),
+            (
+                vec![
+                    h("triage-criticality", b"high"),
+                    h("triage-criticality", b"high"),
+                ],
+                UnclassifiedReason::Duplicate,
+            ),
+        ];
+        for (hs, reason) in cases {
+            let r = c.classify(&meta("t", &hs));
+            assert_eq!(r.criticality, Criticality::Medium);
+            assert_eq!(r.tier_problem, Some(reason));
+        }
+    }
+
+    #[test]
+    fn deadline_header_or_timestamp_window() {
+        let c = classifier();
+        let hs = [
+            h("triage-criticality", b"high"),
+            h("triage-deadline-ms", b"5000"),
+        ];
+        assert_eq!(c.classify(&meta("t", &hs)).deadline_ms, Some(5000));
+        let hs = [
+            h("triage-criticality", b"high"),
+            h("triage-deadline-ms", b"-5"),
+        ];
+        let r = c.classify(&meta("t", &hs));
+        assert_eq!(r.deadline_problem, Some(UnclassifiedReason::BadDeadline));
+        assert_eq!(r.deadline_ms, Some(1_000 + 300_000));
+    }
+
+    #[test]
+    fn user_classifier_first() {
+        let mut cfg = KafkaSourceConfig::new("b:1", "g", ["t"]);
+        cfg.criticality.trusted_topics = vec!["t".into()];
+        let c = Classifier::new(
+            &cfg,
+            Some(Arc::new(|m: &MessageMeta<'_>| {
+                (m.offset == 0).then_some(Criticality::Sheddable)
+            })),
+        );
+        assert_eq!(
+            c.classify(&meta("t", &[])).criticality,
+            Criticality::Sheddable
+        );
+    }
+
+    #[test]
+    fn deadline_instants_saturate() {
+        let (clock, _mock) = Clock::mock();
+        let now = clock.now();
+        assert_eq!(deadline_instant(&clock, 0), Some(now));
+        assert_eq!(deadline_instant(&clock, -1), Some(now));
+        let far = deadline_instant(&clock, i64::MAX);
+        assert!(far.is_none() || far > Some(now));
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let soon = deadline_instant(&clock, wall + 60_000).unwrap();
+        let ahead = soon.duration_since(now);
+        assert!(ahead <= Duration::from_secs(60) && ahead >= Duration::from_secs(50));
+    }
+}

@@ -1,0 +1,372 @@
+//! Configuration of [`KafkaSource`](super::KafkaSource).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use triage::{ConfigError, Criticality, PerTier};
+
+/// librdkafka properties the source sets itself; `properties` may not override them.
+const MANAGED_PROPERTIES: [&str; 6] = [
+    "bootstrap.servers",
+    "group.id",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "queued.max.messages.kbytes",
+    "queued.min.messages",
+];
+
+/// Configuration of a [`KafkaSource`](super::KafkaSource), e.g. a `[kafka]` table in a TOML
+/// file. Every field has a default; `topics` must be set.
+///
+/// # Examples
+///
+/// ```
+/// use triage_kafka::KafkaSourceConfig;
+///
+/// let config: KafkaSourceConfig = toml::from_str(r#"
+///     bootstrap_servers = "127.0.0.1:9092"
+///     group_id = "billing"
+///     topics = ["orders", "audit"]
+///     commit_interval_ms = 500
+///     [criticality]
+///     trusted_topics = ["orders"]
+///     topic_tiers = { audit = "sheddable" }
+/// "#)?;
+/// config.validate()?;
+/// assert_eq!(config.criticality.default_tier, triage::Criticality::Medium);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaSourceConfig {
+    /// Comma-separated `host:port` list. Default `127.0.0.1:9092`.
+    pub bootstrap_servers: String,
+    /// Consumer group; the group's committed position is where consumption starts. Default
+    /// `triage`.
+    pub group_id: String,
+    /// Topics to subscribe to. Default empty, which [`validate`](Self::validate) refuses.
+    pub topics: Vec<String>,
+    /// How a message's tier is chosen.
+    pub criticality: CriticalityConfig,
+    /// How a message's deadline is chosen.
+    pub deadline: DeadlineConfig,
+    /// Period of the asynchronous watermark commit, in milliseconds. Default 1000; allowed
+    /// `1..=3_600_000`. Commits also happen synchronously on revocation and shutdown.
+    pub commit_interval_ms: u64,
+    /// Bound on the synchronous commit made at shutdown, in milliseconds. Default 5000;
+    /// allowed `1..=600_000`.
+    pub commit_timeout_ms: u64,
+    /// Bound on leaving the group and closing the client at shutdown, in milliseconds
+    /// (after it the client is abandoned to a background thread). Default 5000; allowed
+    /// `1..=600_000`.
+    pub close_timeout_ms: u64,
+    /// Messages consumed ahead of the runtime: the hand-off buffer's capacity and
+    /// librdkafka's `queued.min.messages`. Default 1000; allowed `1..=1_000_000`.
+    pub max_prefetch_messages: usize,
+    /// librdkafka's `queued.max.messages.kbytes`: the client's prefetch bound in KiB (it also
+    /// caps `fetch.max.bytes`). Default 16384 (16 MiB); allowed `1..=2_097_151`.
+    pub queued_max_messages_kbytes: usize,
+    /// Largest record the source can receive, in bytes (sets `receive.message.max.bytes`
+    /// with room for the protocol overhead). Default 33554432 (32 MiB); allowed
+    /// `1024..=1_000_000_000`.
+    pub max_payload_bytes: usize,
+    /// Extra librdkafka consumer properties (e.g. `session.timeout.ms`,
+    /// `auto.offset.reset`). Default: `auto.offset.reset = earliest` only. The properties the
+    /// source manages (`bootstrap.servers`, `group.id`, `enable.auto.commit`,
+    /// `enable.auto.offset.store`, `queued.max.messages.kbytes`, `queued.min.messages`) are
+    /// refused.
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for KafkaSourceConfig {
+    fn default() -> Self {
+        KafkaSourceConfig {
+            bootstrap_servers: "127.0.0.1:9092".into(),
+            group_id: "triage".into(),
+            topics: Vec::new(),
+            criticality: CriticalityConfig::default(),
+            deadline: DeadlineConfig::default(),
+            commit_interval_ms: 1000,
+            commit_timeout_ms: 5000,
+            close_timeout_ms: 5000,
+            max_prefetch_messages: 1000,
+            queued_max_messages_kbytes: 16384,
+            max_payload_bytes: 32 * 1024 * 1024,
+            properties: BTreeMap::from([("auto.offset.reset".into(), "earliest".into())]),
+        }
+    }
+}
+
+/// How a message's criticality is chosen, first match wins: the builder's classifier
+/// closure (if it returns `Some`), the [`header`](Self::header) on a trusted topic, the
+/// topic's entry in [`topic_tiers`](Self::topic_tiers), then [`default_tier`](Self::default_tier).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CriticalityConfig {
+    /// Header carrying the label (`critical`, `high`, `medium`, `sheddable`, any ASCII case).
+    /// Default `triage-criticality`.
+    pub header: String,
+    /// Topics whose producers are trusted to set the criticality and deadline headers; on any
+    /// other topic those headers are ignored. Default empty (headers never honoured).
+    pub trusted_topics: Vec<String>,
+    /// Tier of every message of a topic, when no trusted header decides. Default empty.
+    pub topic_tiers: BTreeMap<String, Criticality>,
+    /// Tier for messages with a missing, unknown, malformed or duplicated label and no topic
+    /// tier (each counted in `triage_kafka_unclassified_total`). Default `medium`.
+    pub default_tier: Criticality,
+}
+
+impl Default for CriticalityConfig {
+    fn default() -> Self {
+        CriticalityConfig {
+            header: "triage-criticality".into(),
+            trusted_topics: Vec::new(),
+            topic_tiers: BTreeMap::new(),
+            default_tier: Criticality::Medium,
+        }
+    }
+}
+
+/// How a message's deadline is chosen: the [`header`](Self::header) (on a trusted topic),
+/// else the record timestamp plus the tier's [`window_ms`](Self::window_ms), else none.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeadlineConfig {
+    /// Header carrying an absolute deadline as decimal Unix milliseconds. Default
+    /// `triage-deadline-ms`.
+    pub header: String,
+    /// Per tier, how long after its timestamp a message stays useful, in milliseconds;
+    /// `None` never expires. Default: critical `None`, high 300000 (5 min), medium 900000
+    /// (15 min), sheddable 3600000 (1 h). Allowed `1..=31_536_000_000` (a year).
+    pub window_ms: PerTier<Option<u64>>,
+}
+
+impl Default for DeadlineConfig {
+    fn default() -> Self {
+        DeadlineConfig {
+            header: "triage-deadline-ms".into(),
+            window_ms: PerTier::new(None, Some(300_000), Some(900_000), Some(3_600_000)),
+        }
+    }
+}
+
+fn check_range<T: PartialOrd + std::fmt::Display>(
+    field: &str,
+    value: T,
+    min: T,
+    max: T,
+) -> Result<(), ConfigError> {
+    if value < min || value > max {
+        return Err(ConfigError::new(field, value, format!("{min}..={max}")));
+    }
+    Ok(())
+}
+
+impl KafkaSourceConfig {
+    /// A configuration for `topics` with every other field at its default.
+    pub fn new(
+        bootstrap_servers: impl Into<String>,
+        group_id: impl Into<String>,
+        topics: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        KafkaSourceConfig {
+            bootstrap_servers: bootstrap_servers.into(),
+            group_id: group_id.into(),
+            topics: topics.into_iter().map(Into::into).collect(),
+            ..KafkaSourceConfig::default()
+        }
+    }
+
+    /// Checks every field against its documented range.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the first field out of range, e.g.
+    /// `commit_interval_ms = 0 is out of range: allowed 1..=3600000`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.bootstrap_servers.trim().is_empty() {
+            return Err(ConfigError::new(
+                "bootstrap_servers",
+                "\"\"",
+                "a non-empty host:port list",
+            ));
+        }
+        if self.group_id.trim().is_empty() {
+            return Err(ConfigError::new(
+                "group_id",
+                "\"\"",
+                "a non-empty group name",
+            ));
+        }
+        if self.topics.is_empty() {
+            return Err(ConfigError::new("topics", "[]", "at least one topic"));
+        }
+        if let Some(t) = self.topics.iter().find(|t| t.trim().is_empty()) {
+            return Err(ConfigError::new(
+                "topics",
+                format!("{t:?}"),
+                "non-empty topic names",
+            ));
+        }
+        if self.criticality.header.is_empty() {
+            return Err(ConfigError::new(
+                "criticality.header",
+                "\"\"",
+                "a non-empty header name",
+            ));
+        }
+        if self.deadline.header.is_empty() {
+            return Err(ConfigError::new(
+                "deadline.header",
+                "\"\"",
+                "a non-empty header name",
+            ));
+        }
+        for (tier, window) in self.deadline.window_ms.iter() {
+            if let Some(w) = *window {
+                check_range(&format!("deadline.window_ms.{tier}"), w, 1, 31_536_000_000)?;
+            }
+        }
+        check_range("commit_interval_ms", self.commit_interval_ms, 1, 3_600_000)?;
+        check_range("commit_timeout_ms", self.commit_timeout_ms, 1, 600_000)?;
+        check_range("close_timeout_ms", self.close_timeout_ms, 1, 600_000)?;
+        check_range(
+            "max_prefetch_messages",
+            self.max_prefetch_messages,
+            1,
+            1_000_000,
+        )?;
+        check_range(
+            "queued_max_messages_kbytes",
+            self.queued_max_messages_kbytes,
+            1,
+            2_097_151,
+        )?;
+        check_range(
+            "max_payload_bytes",
+            self.max_payload_bytes,
+            1024,
+            1_000_000_000,
+        )?;
+        if let Some(key) = self
+            .properties
+            .keys()
+            .find(|k| MANAGED_PROPERTIES.contains(&k.as_str()))
+        {
+            return Err(ConfigError::new(
+                format!("properties.{key}"),
+                &self.properties[key],
+                "unset: the source manages this property",
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`commit_interval_ms`](Self::commit_interval_ms) as a duration.
+    pub fn commit_interval(&self) -> Duration {
+        Duration::from_millis(self.commit_interval_ms)
+    }
+
+    /// [`commit_timeout_ms`](Self::commit_timeout_ms) as a duration.
+    pub fn commit_timeout(&self) -> Duration {
+        Duration::from_millis(self.commit_timeout_ms)
+    }
+
+    /// [`close_timeout_ms`](Self::close_timeout_ms) as a duration.
+    pub fn close_timeout(&self) -> Duration {
+        Duration::from_millis(self.close_timeout_ms)
+    }
+
+    /// The librdkafka consumer properties this configuration stands for.
+    pub(crate) fn client_properties(&self) -> BTreeMap<String, String> {
+        let queued_bytes = self.queued_max_messages_kbytes.saturating_mul(1024);
+        // librdkafka's default fetch.max.bytes is 50 MiB; a smaller prefetch bound must cap it
+        // or memory would follow the fetch size rather than the configured bound.
+        let fetch_max = queued_bytes.clamp(1024, 52_428_800);
+        let partition_fetch = fetch_max.min(1_048_576);
+        // A record larger than fetch.max.bytes is still returned alone (KIP-74), so the
+        // response limit must fit the largest record plus the protocol overhead.
+        let receive_max = fetch_max.max(self.max_payload_bytes.saturating_add(65_536)) + 512;
+        let mut props = BTreeMap::from([
+            (
+                "bootstrap.servers".to_owned(),
+                self.bootstrap_servers.clone(),
+            ),
+            ("group.id".to_owned(), self.group_id.clone()),
+            // Offsets are committed by the source, only up to the settled watermark.
+            ("enable.auto.commit".to_owned(), "false".to_owned()),
+            ("enable.auto.offset.store".to_owned(), "false".to_owned()),
+            (
+                "queued.max.messages.kbytes".to_owned(),
+                self.queued_max_messages_kbytes.to_string(),
+            ),
+            (
+                "queued.min.messages".to_owned(),
+                self.max_prefetch_messages.to_string(),
+            ),
+            ("fetch.max.bytes".to_owned(), fetch_max.to_string()),
+            (
+                "max.partition.fetch.bytes".to_owned(),
+                partition_fetch.to_string(),
+            ),
+            (
+                "receive.message.max.bytes".to_owned(),
+                receive_max.to_string(),
+            ),
+        ]);
+        for (k, v) in &self.properties {
+            props.insert(k.clone(), v.clone());
+        }
+        props
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_need_topics_only() {
+        let mut c = KafkaSourceConfig::default();
+        assert_eq!(c.validate().unwrap_err().field(), "topics");
+        c.topics = vec!["t".into()];
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn errors_name_field_and_range() {
+        let mut c = KafkaSourceConfig::new("b:1", "g", ["t"]);
+        c.commit_interval_ms = 0;
+        let e = c.validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "commit_interval_ms = 0 is out of range: allowed 1..=3600000"
+        );
+        c.commit_interval_ms = 10;
+        c.deadline.window_ms.high = Some(0);
+        assert_eq!(c.validate().unwrap_err().field(), "deadline.window_ms.high");
+        c.deadline.window_ms.high = None;
+        c.properties
+            .insert("enable.auto.commit".into(), "true".into());
+        assert_eq!(
+            c.validate().unwrap_err().field(),
+            "properties.enable.auto.commit"
+        );
+    }
+
+    #[test]
+    fn client_properties_bound_the_prefetch() {
+        let mut c = KafkaSourceConfig::new("b:1", "g", ["t"]);
+        c.queued_max_messages_kbytes = 1024;
+        c.max_payload_bytes = 20 * 1024 * 1024;
+        let p = c.client_properties();
+        assert_eq!(p["fetch.max.bytes"], "1048576");
+        assert_eq!(p["enable.auto.commit"], "false");
+        assert_eq!(
+            p["receive.message.max.bytes"],
+            (20 * 1024 * 1024 + 65_536 + 512).to_string()
+        );
+        assert_eq!(p["auto.offset.reset"], "earliest");
+    }
+}

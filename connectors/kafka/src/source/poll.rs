@@ -1,0 +1,213 @@
+//! The poll thread: the only place the consumer is polled.
+//!
+//! A dedicated thread polls the consumer all the time, whether or not the runtime pulls, so
+//! the group protocol (heartbeats, rebalance callbacks, `max.poll.interval.ms`) is served
+//! even while the source is paused: a paused source never leaves its group. Records go to the
+//! runtime through a bounded channel; when it is full, or the runtime paused the source, the
+//! thread pauses the assignment (librdkafka then stops fetching and drops what it
+//! prefetched, to re-fetch it on resume) and keeps polling for events only. Memory is
+//! therefore bounded by the channel (`max_prefetch_messages`) plus librdkafka's queue
+//! (`queued.max.messages.kbytes`), however large the backlog.
+//!
+//! To avoid pausing and re-fetching for every record under sustained backpressure, a pause
+//! caused by a full channel lasts until the channel is at least half empty.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant as WallInstant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::{BorrowedMessage, Message};
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, oneshot};
+use triage::quanta::Clock;
+use triage::runtime::{Ack, AckSink, Envelope};
+
+use crate::metrics::{self, CommitTrigger};
+use crate::KafkaMessage;
+
+use super::classify::{deadline_instant, Classifier, MessageMeta};
+use super::headers::read_headers;
+use super::offsets::{Offsets, SourceContext};
+
+/// How long one poll waits for a record while consuming.
+const POLL_WAIT: Duration = Duration::from_millis(100);
+/// How long one poll waits while paused: also how quickly a freed channel is noticed.
+const PAUSED_POLL_WAIT: Duration = Duration::from_millis(20);
+
+/// An envelope with the revocation generation it was tracked under.
+pub(crate) type Delivery = (u64, Envelope<KafkaMessage>);
+
+/// Flags the source handle sets for the poll thread.
+#[derive(Debug, Default)]
+pub(crate) struct Control {
+    pub(crate) stop: AtomicBool,
+    pub(crate) runtime_paused: AtomicBool,
+}
+
+pub(crate) struct PollLoop {
+    pub(crate) consumer: BaseConsumer<SourceContext>,
+    pub(crate) offsets: Arc<Offsets>,
+    pub(crate) acks: Arc<dyn AckSink>,
+    pub(crate) classifier: Classifier,
+    pub(crate) clock: Clock,
+    pub(crate) control: Arc<Control>,
+    pub(crate) tx: mpsc::Sender<Delivery>,
+    pub(crate) capacity: usize,
+    pub(crate) commit_interval: Duration,
+    pub(crate) commit_timeout: Duration,
+    pub(crate) done: oneshot::Sender<()>,
+}
+
+impl PollLoop {
+    pub(crate) fn run(self) {
+        let mut held: VecDeque<Delivery> = VecDeque::new();
+        let mut paused = false;
+        let mut next_commit = WallInstant::now() + self.commit_interval;
+        'poll: while !self.control.stop.load(Ordering::Acquire) {
+            let now = WallInstant::now();
+            if now >= next_commit {
+                self.offsets
+                    .commit(&self.consumer, CommitMode::Async, CommitTrigger::Interval);
+                next_commit = now + self.commit_interval;
+            }
+            while let Some(delivery) = held.pop_front() {
+                match self.tx.try_send(delivery) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(delivery)) => {
+                        held.push_front(delivery);
+                        break;
+                    }
+                    // The source handle is gone: nobody will resolve anything more.
+                    Err(TrySendError::Closed(_)) => break 'poll,
+                }
+            }
+            let by_runtime = self.control.runtime_paused.load(Ordering::Acquire);
+            let by_buffer = !held.is_empty() || (paused && self.tx.capacity() * 2 < self.capacity);
+            let want = by_runtime || by_buffer;
+            if want != paused {
+                self.set_paused(want, if by_runtime { "runtime" } else { "buffer" });
+                paused = want;
+            }
+            let wait = if paused { PAUSED_POLL_WAIT } else { POLL_WAIT };
+            match self.consumer.poll(wait) {
+                None => {}
+                Some(Ok(msg)) => {
+                    if let Some(delivery) = self.deliver(&msg) {
+                        held.push_back(delivery);
+                    }
+                }
+                // Transport errors repeat on every poll while a broker is down; librdkafka
+                // reconnects by itself, so they are not worth more than a debug line.
+                Some(Err(err)) => tracing::debug!(%err, "kafka source: poll error"),
+            }
+        }
+        // Records never handed out are dropped unresolved: their offsets stay uncommitted.
+        drop(held);
+        self.finish();
+    }
+
+    fn set_paused(&self, pause: bool, cause: &'static str) {
+        self.offsets.set_paused(pause);
+        let assignment = match self.consumer.assignment() {
+            Ok(a) => a,
+            Err(err) => {
+                tracing::warn!(%err, "kafka source: could not read the assignment");
+                return;
+            }
+        };
+        let result = if pause {
+            self.offsets.stats.pauses.fetch_add(1, Ordering::Relaxed);
+            metrics::pause(cause);
+            self.consumer.pause(&assignment)
+        } else {
+            self.consumer.resume(&assignment)
+        };
+        if let Err(err) = result {
+            tracing::warn!(%err, pause, "kafka source: could not pause or resume");
+        }
+    }
+
+    fn deliver(&self, msg: &BorrowedMessage<'_>) -> Option<Delivery> {
+        let topic = msg.topic();
+        let (token, generation) = self.offsets.track(topic, msg.partition(), msg.offset())?;
+        let headers = read_headers(msg);
+        let key = msg.key().map(<[u8]>::to_vec);
+        let timestamp_ms = msg.timestamp().to_millis();
+        let classified = self.classifier.classify(&MessageMeta {
+            topic,
+            partition: msg.partition(),
+            offset: msg.offset(),
+            key: key.as_deref(),
+            headers: &headers,
+            timestamp_ms,
+        });
+        let stats = &self.offsets.stats;
+        for reason in [classified.tier_problem, classified.deadline_problem]
+            .into_iter()
+            .flatten()
+        {
+            stats.unclassified[reason.index()].fetch_add(1, Ordering::Relaxed);
+            metrics::unclassified(reason);
+        }
+        stats.consumed.fetch_add(1, Ordering::Relaxed);
+        let message = KafkaMessage {
+            topic: topic.to_owned(),
+            partition: msg.partition(),
+            offset: msg.offset(),
+            key,
+            payload: msg.payload().map(<[u8]>::to_vec),
+            headers,
+            timestamp_ms,
+        };
+        let size = message.size_bytes();
+        let deadline = classified
+            .deadline_ms
+            .and_then(|ms| deadline_instant(&self.clock, ms));
+        let envelope = Envelope::new(
+            message,
+            classified.criticality,
+            Ack::new(Arc::clone(&self.acks), token),
+        )
+        .with_deadline_opt(deadline)
+        .with_size_bytes(size);
+        Some((generation, envelope))
+    }
+
+    /// Final commit (bounded), then leave the group and close the client.
+    fn finish(self) {
+        // Stop fetching so that waiting for the commit result consumes nothing.
+        if let Ok(assignment) = self.consumer.assignment() {
+            let _ = self.consumer.pause(&assignment);
+        }
+        // From here the revoke callback of the close does not commit again: this commit
+        // already covers everything settled, and the broker may be unreachable.
+        self.offsets.set_closing();
+        let stats = &self.offsets.stats;
+        let before = stats.commit_callbacks.load(Ordering::Acquire);
+        if self
+            .offsets
+            .commit(&self.consumer, CommitMode::Async, CommitTrigger::Shutdown)
+        {
+            // An asynchronous commit plus polling for its result, so that the wait is bounded
+            // even with the broker unreachable (a synchronous commit may block indefinitely).
+            let deadline = WallInstant::now() + self.commit_timeout;
+            while stats.commit_callbacks.load(Ordering::Acquire) == before
+                && WallInstant::now() < deadline
+            {
+                drop(self.consumer.poll(PAUSED_POLL_WAIT));
+            }
+            if stats.commit_callbacks.load(Ordering::Acquire) == before {
+                stats.commits_failed.fetch_add(1, Ordering::Relaxed);
+                metrics::commit(CommitTrigger::Shutdown, false);
+                tracing::warn!("kafka source: final commit not confirmed in time");
+            }
+        }
+        self.consumer.unsubscribe();
+        // Dropping the consumer leaves the group and destroys the client; with the broker
+        // down this can take long, which the handle's shutdown bounds by not waiting for it.
+        drop(self.consumer);
+        let _ = self.done.send(());
+    }
+}

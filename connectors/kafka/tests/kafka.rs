@@ -1,0 +1,359 @@
+//! Integration tests against a real Kafka broker (`tests/brokers/kafka.sh start`), a fresh
+//! topic and group per test. Tests that stop the broker hold it exclusively.
+
+mod common;
+
+use std::time::{Duration, SystemTime};
+
+use common::*;
+use triage::ledger::Disposition;
+use triage::runtime::{Republish, Source};
+use triage::Criticality;
+use triage_kafka::source::UnclassifiedReason;
+use triage_kafka::{KafkaDeferSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig};
+
+fn config(group: &str, topic: &str, commit_interval_ms: u64) -> KafkaSourceConfig {
+    let mut c = KafkaSourceConfig::new(BROKERS, group, [topic]);
+    c.commit_interval_ms = commit_interval_ms;
+    c.properties
+        .insert("session.timeout.ms".into(), "6000".into());
+    c
+}
+
+fn offsets(envs: &[triage::runtime::Envelope<triage_kafka::KafkaMessage>]) -> Vec<i64> {
+    envs.iter().map(|e| e.payload.offset).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_only_the_contiguous_watermark() {
+    let _broker = broker_shared().await;
+    let (topic, group) = (rand_name("wm"), rand_name("g"));
+    create_topic(&topic, 1, &[]).await;
+    produce_n(&topic, 13).await;
+
+    let mut source = KafkaSource::builder(config(&group, &topic, 50))
+        .build()
+        .unwrap();
+    let mut envs = take(&mut source, 13).await;
+    assert_eq!(offsets(&envs), (0..13).collect::<Vec<_>>());
+    let e12 = envs.pop().unwrap();
+    let e11 = envs.pop().unwrap();
+    let e10 = envs.pop().unwrap();
+    for e in envs {
+        e.ack.resolve(Disposition::Completed);
+    }
+    assert_eq!(committed_at_least(&group, &topic, 10).await, 10);
+
+    e12.ack.resolve(Disposition::Completed);
+    e10.ack.resolve(Disposition::Completed);
+    // The first commit after 12 and 10 are settled stops at 11: 11 is still pending.
+    assert_eq!(committed_at_least(&group, &topic, 11).await, 11);
+    assert_eq!(source.pending(), 1);
+
+    e11.ack.resolve(Disposition::Failed);
+    assert_eq!(committed_at_least(&group, &topic, 13).await, 13);
+    source.shutdown().await;
+
+    // A restart resumes at the committed position: nothing below it is missing or repeated.
+    produce_n(&topic, 1).await;
+    let mut again = KafkaSource::builder(config(&group, &topic, 50))
+        .build()
+        .unwrap();
+    assert_eq!(next(&mut again).await.payload.offset, 13);
+    again.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revocation_commits_the_watermark_and_ignores_late_acks() {
+    let _broker = broker_shared().await;
+    let (topic, group) = (rand_name("rev"), rand_name("g"));
+    create_topic(&topic, 1, &[]).await;
+    produce_n(&topic, 106).await;
+
+    // The periodic commit is never due: only the revocation can commit.
+    let mut first = KafkaSource::builder(config(&group, &topic, 3_600_000))
+        .build()
+        .unwrap();
+    let mut envs = take(&mut first, 106).await;
+    let late: Vec<_> = envs.split_off(103); // 103, 104, 105 stay unresolved
+    for e in envs {
+        e.ack.resolve(Disposition::Completed);
+    }
+    assert_eq!(committed(&group, &topic), None);
+
+    // A second member joins: the partition is revoked from the first (eager rebalance).
+    let mut second = KafkaSource::builder(config(&group, &topic, 3_600_000))
+        .build()
+        .unwrap();
+    let revoked = first.stats().revocations;
+    wait_until("the revocation", || {
+        let n = first.stats().revocations;
+        async move { n > revoked }
+    })
+    .await;
+    assert_eq!(committed(&group, &topic), Some(103));
+
+    // Completions for the old assignment are ignored, never stored.
+    let stale_before = first.stats().stale_acks;
+    for e in late {
+        e.ack.resolve(Disposition::Completed);
+    }
+    assert_eq!(first.stats().stale_acks, stale_before + 3);
+
+    // Whoever owns the partition now resumes at the group's position, 103, never at the
+    // first member's stale local position (106).
+    let (from_first, got) = tokio::select! {
+        e = next(&mut first) => (true, e),
+        e = next(&mut second) => (false, e),
+    };
+    assert_eq!(got.payload.offset, 103);
+    drop(got);
+    first.shutdown().await;
+    assert_eq!(committed(&group, &topic), Some(103));
+    if from_first {
+        // With the first member gone the second owns it and starts at 103 too.
+        assert_eq!(next(&mut second).await.payload.offset, 103);
+    }
+    second.shutdown().await;
+    assert_eq!(committed(&group, &topic), Some(103));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_defaults_counts_and_large_payloads_pass() {
+    let _broker = broker_shared().await;
+    let (topic, group) = (rand_name("bad"), rand_name("g"));
+    create_topic(&topic, 1, &[("max.message.bytes", "26214400")]).await;
+    let h = |v: &[u8]| vec![("triage-criticality".to_owned(), Some(v.to_vec()))];
+    let big = vec![7u8; 20 * 1024 * 1024];
+    produce(
+        &topic,
+        vec![
+            (None, b"non-utf8 value".to_vec(), h(&[0xff, 0xfe, 0xfd])),
+            (Some(vec![0xc3, 0x28]), b"non-utf8 key".to_vec(), vec![]),
+            (
+                None,
+                b"twice".to_vec(),
+                [h(b"high"), h(b"critical")].concat(),
+            ),
+            (None, b"missing".to_vec(), vec![]),
+            (None, b"abc".to_vec(), h(b"abc")),
+            (None, b"good".to_vec(), h(b"HIGH")),
+            (None, big.clone(), h(b"critical")),
+        ],
+    )
+    .await;
+
+    let mut c = config(&group, &topic, 50);
+    c.criticality.trusted_topics = vec![topic.clone()];
+    let mut source = KafkaSource::builder(c).build().unwrap();
+    let envs = take(&mut source, 7).await;
+    let tiers: Vec<_> = envs.iter().map(|e| e.criticality).collect();
+    use Criticality::*;
+    assert_eq!(
+        tiers,
+        [Medium, Medium, Medium, Medium, Medium, High, Critical]
+    );
+    assert_eq!(envs[1].payload.key.as_deref(), Some(&[0xc3, 0x28][..]));
+    assert_eq!(envs[6].payload.payload.as_deref(), Some(&big[..]));
+    let stats = source.stats();
+    assert_eq!(stats.unclassified(UnclassifiedReason::Malformed), 2);
+    assert_eq!(stats.unclassified(UnclassifiedReason::Duplicate), 1);
+    assert_eq!(stats.unclassified(UnclassifiedReason::Missing), 2);
+    for e in envs {
+        e.ack.resolve(Disposition::Completed);
+    }
+    assert_eq!(committed_at_least(&group, &topic, 7).await, 7);
+    source.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_commits_what_is_settled() {
+    let _broker = broker_shared().await;
+    let (topic, group) = (rand_name("shut"), rand_name("g"));
+    create_topic(&topic, 1, &[]).await;
+    produce_n(&topic, 101).await;
+    let mut source = KafkaSource::builder(config(&group, &topic, 60_000))
+        .build()
+        .unwrap();
+    for e in take(&mut source, 101).await {
+        e.ack.resolve(Disposition::Completed);
+    }
+    assert_eq!(
+        committed(&group, &topic),
+        None,
+        "periodic commit not yet due"
+    );
+    source.shutdown().await;
+    assert_eq!(committed(&group, &topic), Some(101));
+}
+
+fn republish(reason: &'static str) -> Republish {
+    Republish {
+        criticality: Criticality::High,
+        attempt: 1,
+        deadline: Some(SystemTime::UNIX_EPOCH + Duration::from_millis(4_000_000_000_000)),
+        reason,
+        error: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defer_copies_headers_exactly_once() {
+    let _broker = broker_shared().await;
+    let (topic, defer, group) = (rand_name("hdr"), rand_name("hdr-deferred"), rand_name("g"));
+    create_topic(&topic, 1, &[]).await;
+    create_topic(&defer, 1, &[]).await;
+    let headers = vec![
+        ("a".to_owned(), Some(b"1".to_vec())),
+        ("triage-attempt".to_owned(), Some(b"0".to_vec())),
+        ("a".to_owned(), None),
+        ("b".to_owned(), Some(vec![0xff])),
+    ];
+    produce(
+        &topic,
+        vec![(Some(b"k".to_vec()), b"body".to_vec(), headers)],
+    )
+    .await;
+
+    let mut source = KafkaSource::builder(config(&group, &topic, 50))
+        .build()
+        .unwrap();
+    let env = next(&mut source).await;
+    let sink = KafkaDeferSink::new(KafkaSinkConfig::new(BROKERS, &defer)).unwrap();
+    sink.send(&env.payload, &republish("overloaded"))
+        .await
+        .unwrap();
+    env.ack.resolve(Disposition::Deferred);
+
+    let mut drain = triage_kafka::drain::builder(config(&rand_name("g"), &defer, 50))
+        .build()
+        .unwrap();
+    let copy = next(&mut drain).await;
+    assert_eq!(copy.criticality, Criticality::Sheddable);
+    assert!(copy.deadline.is_some(), "the deadline header is honoured");
+    assert_eq!(copy.payload.key.as_deref(), Some(&b"k"[..]));
+    assert_eq!(copy.payload.payload.as_deref(), Some(&b"body"[..]));
+    let s = |v: &str| Some(v.as_bytes().to_vec());
+    let expected = vec![
+        ("a".to_owned(), s("1")),
+        ("a".to_owned(), None),
+        ("b".to_owned(), Some(vec![0xff])),
+        ("triage-criticality".to_owned(), s("high")),
+        ("triage-attempt".to_owned(), s("1")),
+        ("triage-deadline-ms".to_owned(), s("4000000000000")),
+        ("triage-reason".to_owned(), s("overloaded")),
+        ("triage-origin-topic".to_owned(), s(&topic)),
+        ("triage-origin-partition".to_owned(), s("0")),
+        ("triage-origin-offset".to_owned(), s("0")),
+    ];
+    assert_eq!(copy.payload.headers, expected);
+    copy.ack.resolve(Disposition::Completed);
+    drain.shutdown().await;
+    source.shutdown().await;
+    assert_eq!(committed(&group, &topic), Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_defer_is_rejected() {
+    let _broker = broker_shared().await;
+    let defer = rand_name("big-deferred");
+    create_topic(&defer, 1, &[]).await;
+    let sink = KafkaDeferSink::new(KafkaSinkConfig::new(BROKERS, &defer)).unwrap();
+    let msg = triage_kafka::KafkaMessage {
+        topic: "t".into(),
+        partition: 0,
+        offset: 0,
+        key: None,
+        payload: Some(vec![0; 2_000_000]),
+        headers: vec![],
+        timestamp_ms: None,
+    };
+    let err = sink.send(&msg, &republish("full")).await.unwrap_err();
+    assert!(
+        matches!(err, triage::runtime::SinkError::Rejected(_)),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defer_with_broker_down_holds_the_position() {
+    let _broker = broker_exclusive().await;
+    let (topic, defer, group) = (
+        rand_name("down"),
+        rand_name("down-deferred"),
+        rand_name("g"),
+    );
+    create_topic(&topic, 1, &[]).await;
+    create_topic(&defer, 1, &[]).await;
+    produce_n(&topic, 2).await;
+    let mut source = KafkaSource::builder(config(&group, &topic, 50))
+        .build()
+        .unwrap();
+    let mut envs = take(&mut source, 2).await;
+    let second = envs.pop().unwrap();
+    let first = envs.pop().unwrap();
+    first.ack.resolve(Disposition::Completed);
+    assert_eq!(committed_at_least(&group, &topic, 1).await, 1);
+
+    let mut sink_config = KafkaSinkConfig::new(BROKERS, &defer);
+    sink_config.message_timeout_ms = 3000;
+    let sink = KafkaDeferSink::new(sink_config).unwrap();
+    {
+        let _restart = RestartOnDrop;
+        broker("stop");
+        let err = tokio::time::timeout(
+            HANG_GUARD,
+            sink.send(&second.payload, &republish("overloaded")),
+        )
+        .await
+        .expect("hang guard: the sink must fail within its timeout")
+        .unwrap_err();
+        assert!(
+            matches!(err, triage::runtime::SinkError::NotConfirmed(_)),
+            "{err}"
+        );
+        // Not confirmed: the runtime leaves the record unacknowledged.
+    }
+    assert_eq!(
+        committed(&group, &topic),
+        Some(1),
+        "position did not pass it"
+    );
+
+    sink.send(&second.payload, &republish("overloaded"))
+        .await
+        .unwrap();
+    second.ack.resolve(Disposition::Deferred);
+    // The outage may have cost the consumer its assignment (session timeout): then that
+    // resolve was stale, ignored, and the record comes again to be deferred again.
+    let after = tokio::select! {
+        pos = committed_at_least(&group, &topic, 2) => pos,
+        again = next(&mut source) => {
+            assert_eq!(again.payload.offset, 1);
+            sink.send(&again.payload, &republish("overloaded")).await.unwrap();
+            again.ack.resolve(Disposition::Deferred);
+            committed_at_least(&group, &topic, 2).await
+        }
+    };
+    assert_eq!(after, 2);
+    source.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_returns_with_the_broker_down() {
+    let _broker = broker_exclusive().await;
+    let (topic, group) = (rand_name("shutdown-down"), rand_name("g"));
+    create_topic(&topic, 1, &[]).await;
+    produce_n(&topic, 3).await;
+    let mut c = config(&group, &topic, 60_000);
+    c.commit_timeout_ms = 2000;
+    c.close_timeout_ms = 2000;
+    let mut source = KafkaSource::builder(c).build().unwrap();
+    for e in take(&mut source, 3).await {
+        e.ack.resolve(Disposition::Completed);
+    }
+    let _restart = RestartOnDrop;
+    broker("stop");
+    let returned = tokio::time::timeout(Duration::from_secs(30), source.shutdown()).await;
+    assert!(returned.is_ok(), "shutdown hung with the broker down");
+}
