@@ -19,6 +19,8 @@ mod criticality;
 mod error;
 pub mod ledger;
 pub mod limit;
+#[cfg(feature = "prometheus")]
+pub mod observe;
 pub mod queue;
 pub mod runtime;
 mod tier;
