@@ -189,6 +189,13 @@ impl AmqpSource {
         }
     }
 
+    /// The sink behind every delivery's [`Ack`], to rebuild a handle from an
+    /// [`AckRef`](triage::runtime::AckRef) (replaying a settlement is ignored and counted in
+    /// `duplicate_settles`, one from an older channel in `stale_settles`).
+    pub fn ack_sink(&self) -> Arc<dyn AckSink> {
+        Arc::clone(&self.settler) as Arc<dyn AckSink>
+    }
+
     /// Whether [`pause`](Source::pause) is in force.
     pub fn is_paused(&self) -> bool {
         self.paused
