@@ -76,7 +76,7 @@ pub async fn dead_letter_pair(ch: &Channel, prefix: &str) -> (String, String) {
     let dlx = rand_queue(&format!("{prefix}-dlx"));
     let dlq = rand_queue(&format!("{prefix}-dlq"));
     ch.exchange_declare(
-        dlx.as_str().into(),
+        dlx.as_str(),
         ExchangeKind::Fanout,
         ExchangeDeclareOptions {
             auto_delete: false,
@@ -88,9 +88,9 @@ pub async fn dead_letter_pair(ch: &Channel, prefix: &str) -> (String, String) {
     .expect("dlx");
     declare(ch, &dlq, FieldTable::default()).await;
     ch.queue_bind(
-        dlq.as_str().into(),
-        dlx.as_str().into(),
-        "".into(),
+        dlq.as_str(),
+        dlx.as_str(),
+        "",
         QueueBindOptions::default(),
         FieldTable::default(),
     )
@@ -110,15 +110,9 @@ pub async fn publish_n(
     for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
         for &i in chunk {
             let p = props(i).with_message_id(format!("id-{i}").into());
-            ch.basic_publish(
-                "".into(),
-                queue.into(),
-                BasicPublishOptions::default(),
-                body,
-                p,
-            )
-            .await
-            .expect("publish");
+            ch.basic_publish("", queue, BasicPublishOptions::default(), body, p)
+                .await
+                .expect("publish");
         }
         let returned = ch.wait_for_confirms().await.expect("confirms");
         assert!(returned.is_empty());
@@ -128,7 +122,7 @@ pub async fn publish_n(
 /// Ready messages in `queue` (a passive declare: unacked ones are not counted).
 pub async fn ready(ch: &Channel, queue: &str) -> u32 {
     ch.queue_declare(
-        queue.into(),
+        queue,
         QueueDeclareOptions {
             passive: true,
             ..Default::default()
@@ -195,7 +189,7 @@ pub fn close_connections_named(name: &str) -> usize {
 pub async fn drain(ch: &Channel, queue: &str) -> Vec<lapin::message::BasicGetMessage> {
     let mut out = Vec::new();
     while let Some(m) = ch
-        .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+        .basic_get(queue, BasicGetOptions { no_ack: true })
         .await
         .expect("get")
     {
@@ -205,17 +199,15 @@ pub async fn drain(ch: &Channel, queue: &str) -> Vec<lapin::message::BasicGetMes
 }
 
 pub async fn delete(ch: &Channel, queue: &str) {
-    let _ = ch
-        .queue_delete(queue.into(), QueueDeleteOptions::default())
-        .await;
+    let _ = ch.queue_delete(queue, QueueDeleteOptions::default()).await;
 }
 
 /// Consumes `queue` with a plain lapin consumer (used by the bench and checks).
 pub async fn plain_consume_ack(ch: &Channel, queue: &str, n: usize) {
     let mut consumer = ch
         .basic_consume(
-            queue.into(),
-            "".into(),
+            queue,
+            "",
             BasicConsumeOptions::default(),
             FieldTable::default(),
         )
