@@ -40,6 +40,8 @@ const TIERS: usize = Criticality::ALL.len();
 pub struct Ledger {
     consumed: [AtomicU64; TIERS],
     settled: [[AtomicU64; Disposition::COUNT]; TIERS],
+    goodput: [AtomicU64; TIERS],
+    released: [AtomicU64; TIERS],
 }
 
 impl Ledger {
@@ -61,6 +63,19 @@ impl Ledger {
         self.settled[tier.rank()][disposition.index()].fetch_add(1, Ordering::Release);
     }
 
+    /// Counts one `Completed` message of `tier` that finished inside its deadline (or had
+    /// none): goodput. Recorded in addition to [`record`](Self::record), not instead of it.
+    pub fn record_goodput(&self, tier: Criticality) {
+        self.goodput[tier.rank()].fetch_add(1, Ordering::Release);
+    }
+
+    /// Counts one message of `tier` handed back to its source without a disposition (shutdown,
+    /// revocation): not acknowledged, so the broker redelivers it. Not a disposition: the
+    /// message will get one on its redelivery.
+    pub fn record_released(&self, tier: Criticality) {
+        self.released[tier.rank()].fetch_add(1, Ordering::Release);
+    }
+
     /// Reads every counter.
     ///
     /// Not one atomic cut while others record, but dispositions are read before
@@ -72,6 +87,10 @@ impl Ledger {
             for d in Disposition::ALL {
                 counts.set(d, settled[d.index()].load(Ordering::Acquire));
             }
+        }
+        for (rank, counts) in tiers.iter_mut().enumerate() {
+            counts.goodput = self.goodput[rank].load(Ordering::Acquire);
+            counts.released = self.released[rank].load(Ordering::Acquire);
         }
         for (counts, consumed) in tiers.iter_mut().zip(&self.consumed) {
             counts.consumed = consumed.load(Ordering::Acquire);
@@ -96,6 +115,10 @@ pub struct TierCounts {
     pub expired: u64,
     /// Messages evicted or refused by the overload policy.
     pub shed: u64,
+    /// Of `completed`, those that finished inside their deadline (or had none).
+    pub goodput: u64,
+    /// Messages handed back to the source unacknowledged, for redelivery (not a disposition).
+    pub released: u64,
 }
 
 impl TierCounts {
@@ -126,15 +149,19 @@ impl TierCounts {
         Disposition::ALL.iter().map(|&d| self.count(d)).sum()
     }
 
-    /// Messages consumed without a disposition yet: they must be queued or in
-    /// flight. Saturates at 0 if dispositions were recorded without their
+    /// Messages consumed that have neither a disposition nor were released: they must be
+    /// queued or in flight. Saturates at 0 if dispositions were recorded without their
     /// consumption.
     pub fn unresolved(&self) -> u64 {
-        self.consumed.saturating_sub(self.settled())
+        self.consumed
+            .saturating_sub(self.settled())
+            .saturating_sub(self.released)
     }
 
     fn add(&mut self, other: &TierCounts) {
         self.consumed += other.consumed;
+        self.goodput += other.goodput;
+        self.released += other.released;
         for d in Disposition::ALL {
             self.set(d, self.count(d) + other.count(d));
         }
@@ -179,8 +206,17 @@ impl fmt::Display for LedgerSnapshot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "{:<9} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8} {:>10}",
-            "tier", "consumed", "completed", "failed", "deferred", "expired", "shed", "unresolved"
+            "{:<9} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10}",
+            "tier",
+            "consumed",
+            "completed",
+            "goodput",
+            "failed",
+            "deferred",
+            "expired",
+            "shed",
+            "released",
+            "unresolved"
         )?;
         let rows = Criticality::ALL
             .iter()
@@ -189,14 +225,16 @@ impl fmt::Display for LedgerSnapshot {
         for (name, t) in rows {
             writeln!(
                 f,
-                "{:<9} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8} {:>10}",
+                "{:<9} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10}",
                 name,
                 t.consumed,
                 t.completed,
+                t.goodput,
                 t.failed,
                 t.deferred,
                 t.expired,
                 t.shed,
+                t.released,
                 t.unresolved()
             )?;
         }

@@ -160,6 +160,8 @@ pub struct ConcurrencyLimit {
 }
 
 struct Inner {
+    /// Notified when a slot is released or the limit changes, for workers waiting on a slot.
+    released: event_listener::Event,
     algorithm: Mutex<Limiter>,
     /// Mirror of `algorithm.limit()`, written only under the lock, so that
     /// admission never takes it.
@@ -185,6 +187,7 @@ impl ConcurrencyLimit {
         let limit = algorithm.limit();
         Self {
             inner: Arc::new(Inner {
+                released: event_listener::Event::new(),
                 algorithm: Mutex::new(algorithm),
                 limit: AtomicUsize::new(limit),
                 in_flight: AtomicUsize::new(0),
@@ -209,7 +212,25 @@ impl ConcurrencyLimit {
         self.inner.shares.allowed(self.limit(), tier)
     }
 
-    /// The per-tier shares.
+    /// Bit `rank` set for each tier that may start a job now (`in_flight < allowed(tier)`).
+    pub fn allowed_mask(&self) -> crate::queue::TierMask {
+        let limit = self.limit();
+        let in_flight = self.in_flight();
+        let mut mask = 0;
+        for tier in Criticality::ALL {
+            if in_flight < self.inner.shares.allowed(limit, tier) {
+                mask |= 1 << tier.rank();
+            }
+        }
+        crate::queue::TierMask::from_bits(mask)
+    }
+
+    /// A listener woken when a slot is released or the limit changes.
+    pub(crate) fn listen(&self) -> event_listener::EventListener {
+        self.inner.released.listen()
+    }
+
+    /// The shares of the limit per tier.
     pub fn shares(&self) -> &TierShares {
         &self.inner.shares
     }
@@ -302,6 +323,7 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         self.inner.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.inner.released.notify(usize::MAX);
     }
 }
 

@@ -142,8 +142,9 @@ impl<T> Core<T> {
 
     /// Serves the next item by weight; an item whose deadline passed is handed back as expired
     /// without being charged to its tier's share.
-    pub(crate) fn pop(&mut self, now: Instant) -> Option<Dequeued<T>> {
-        let rank = self.sched.pick(self.backlogged())?;
+    /// Only tiers whose bit is set in `mask` (bit `rank`) are considered.
+    pub(crate) fn pop(&mut self, now: Instant, mask: u8) -> Option<Dequeued<T>> {
+        let rank = self.sched.pick(self.backlogged() & mask)?;
         let e = self.tiers[rank].pop_front()?;
         self.take_out(rank, &e);
         if e.is_expired(now) {

@@ -39,4 +39,4 @@ pub use config::{Weight, WeightError, WfqConfig, MAX_CAPACITY, MAX_WEIGHT};
 pub use entry::{Dequeued, Entry, Evictions, Meta};
 pub use error::{Closed, PopTimeoutError, PushError, RefuseReason, TryPopError};
 pub use stats::{QueueStats, TierStats};
-pub use wfq::WfqQueue;
+pub use wfq::{TierMask, WfqQueue};

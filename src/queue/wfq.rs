@@ -19,6 +19,49 @@ use crate::{ConfigError, Criticality, PerTier};
 /// Shed level that refuses every tier because the queue is closed (levels 0..=4 are admission's).
 const CLOSED_LEVEL: u8 = u8::MAX;
 
+/// A set of tiers, for [`WfqQueue::try_pop_masked`].
+///
+/// # Examples
+///
+/// ```
+/// use triage::queue::TierMask;
+/// use triage::Criticality;
+///
+/// let mask = TierMask::NONE.with(Criticality::Critical).with(Criticality::High);
+/// assert!(mask.contains(Criticality::High));
+/// assert!(!mask.contains(Criticality::Sheddable));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TierMask(pub(crate) u8);
+
+impl TierMask {
+    /// Every tier.
+    pub const ALL: TierMask = TierMask(0b1111);
+    /// No tier.
+    pub const NONE: TierMask = TierMask(0);
+
+    /// From bits, bit `rank` per tier (higher bits ignored).
+    pub const fn from_bits(bits: u8) -> TierMask {
+        TierMask(bits & 0b1111)
+    }
+
+    /// This set plus `tier`.
+    #[must_use]
+    pub const fn with(self, tier: Criticality) -> TierMask {
+        TierMask(self.0 | (1 << tier.rank()))
+    }
+
+    /// Whether `tier` is in the set.
+    pub const fn contains(self, tier: Criticality) -> bool {
+        self.0 & (1 << tier.rank()) != 0
+    }
+
+    /// Whether the set is empty.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
 struct State<T> {
     core: Core<T>,
     admission: QueueAgeAdmission,
@@ -51,8 +94,8 @@ struct State<T> {
 /// use triage::Criticality;
 ///
 /// let queue = WfqQueue::new(WfqConfig::with_capacity(2))?;
-/// queue.push("analytics", Meta::new(Criticality::Sheddable)).unwrap();
-/// queue.push("search", Meta::new(Criticality::High)).unwrap();
+/// assert!(queue.push("analytics", Meta::new(Criticality::Sheddable))?.is_empty());
+/// assert!(queue.push("search", Meta::new(Criticality::High))?.is_empty());
 ///
 /// // Full: a Critical push evicts the newest Sheddable item and hands it back.
 /// let evicted: Vec<_> = queue.push("checkout", Meta::new(Criticality::Critical)).unwrap().collect();
@@ -168,6 +211,20 @@ impl<T> WfqQueue<T> {
     /// [`close`](Self::close).
     #[inline]
     pub fn try_pop(&self) -> Result<Dequeued<T>, TryPopError> {
+        self.try_pop_masked(TierMask::ALL)
+    }
+
+    /// Serves the next item by weight among the tiers in `mask` only, without waiting.
+    ///
+    /// Used to give each tier a share of a concurrency limit: a tier that has used its share
+    /// is left out of the mask, and the weighted-fair order among the others is unchanged.
+    ///
+    /// # Errors
+    ///
+    /// [`TryPopError::Empty`] when no tier in `mask` holds anything, [`TryPopError::Closed`]
+    /// after [`close`](Self::close).
+    #[inline]
+    pub fn try_pop_masked(&self, mask: TierMask) -> Result<Dequeued<T>, TryPopError> {
         let mut st = self.state.lock();
         if st.core.len() == 0 {
             return Err(if st.core.is_closed() {
@@ -177,7 +234,7 @@ impl<T> WfqQueue<T> {
             });
         }
         let now = self.clock.now();
-        match st.core.pop(now) {
+        match st.core.pop(now, mask.0) {
             Some(d) => {
                 self.observe(&mut st, now);
                 Ok(d)
@@ -291,6 +348,11 @@ impl<T> WfqQueue<T> {
         let now = self.clock.now();
         self.observe(&mut st, now);
         Ok(evicted)
+    }
+
+    /// A listener woken by the next push or by close.
+    pub(crate) fn listen(&self) -> event_listener::EventListener {
+        self.not_empty.listen()
     }
 
     /// Re-evaluates queue-age admission now. Pushes and pops already do so; call this from a

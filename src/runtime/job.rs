@@ -50,6 +50,7 @@ impl LoadLevel {
 ///     let _ = text;
 ///     Ok(())
 /// }
+/// # let _ = handle;
 /// ```
 pub struct Job<T> {
     pub(crate) payload: Arc<T>,

@@ -1,14 +1,338 @@
-//! The worker runtime: sources -> admission -> queue -> workers -> handler, with every message
-//! ending in exactly one recorded disposition.
+//! The worker runtime: sources -> admission -> weighted-fair queue -> workers -> handler, with
+//! every message ending in exactly one recorded disposition.
+//!
+//! ```text
+//!  source (Kafka / RabbitMQ / memory)   pulls, classifies from headers; tracks acks
+//!        |  Envelope { payload, criticality, deadline, attempt, ack }
+//!  admission                            queue-age cut-offs (one atomic load)
+//!        |  refused or evicted -> the tier's policy: Backpressure | Defer | Drop
+//!  WfqQueue                             weighted-fair, evicts newest of lowest tier, expires
+//!        |  masked by each tier's share of the concurrency limit (seed 002)
+//!  workers (tokio)                      handler; panics caught; retries demoted one level
+//!        |
+//!  disposition -> ledger + ack          Completed | Failed | Deferred | Expired | Shed
+//! ```
+//!
+//! The promise: a message's ack is resolved once, after its disposition is final (a deferral
+//! after the defer sink's broker confirmed it, a failure after the dead-letter sink did), and a
+//! message dropped unresolved is *released* (redelivered), never acknowledged. At any instant
+//! `consumed = completed + failed + deferred + expired + shed + released + queued + in_flight`
+//! ([`RuntimeStats::balances`]).
 
 mod ack;
+mod config;
+mod engine;
 mod envelope;
+mod intake;
+mod item;
 mod job;
+mod memory;
+pub(crate) mod metrics;
+mod report;
 mod sink;
 mod source;
 
+use std::future::Future;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use quanta::Clock;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
 pub use ack::{Ack, AckRef, AckSink};
+pub use config::{LoadConfigError, RefusalPolicy, RetryConfig, RuntimeConfig};
 pub use envelope::Envelope;
 pub use job::{HandlerError, Job, LoadLevel};
+pub use memory::{AckCounts, MemoryBroker, MemorySink, MemorySource};
+pub use report::{Report, RuntimeStats};
 pub use sink::{DeadLetterSink, DeferReason, DeferSink, Republish, SinkError};
 pub use source::Source;
+
+use crate::limit::{ConcurrencyLimit, Fixed, Limiter};
+use crate::queue::WfqQueue;
+use crate::ConfigError;
+use engine::Inner;
+use item::Accounts;
+
+/// A running worker runtime. Build it with [`Runtime::builder`], feed it with
+/// [`attach`](Runtime::attach), stop it with [`shutdown`](Runtime::shutdown).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use triage::runtime::{HandlerError, Job, MemoryBroker, Runtime, RuntimeConfig};
+/// use triage::Criticality;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let broker = MemoryBroker::new();
+/// for i in 0..100u32 {
+///     let tier = if i % 10 == 0 { Criticality::Critical } else { Criticality::Sheddable };
+///     broker.publish(i, tier, None);
+/// }
+/// broker.close();
+///
+/// let mut runtime = Runtime::builder(RuntimeConfig::default())
+///     .start(|job: Job<u32>| async move {
+///         let _ = job.payload();
+///         Ok::<(), HandlerError>(())
+///     })?;
+/// runtime.attach(broker.source());
+/// runtime.wait_idle().await;
+/// let report = runtime.shutdown(Duration::from_secs(5)).await;
+///
+/// assert!(report.stats.balances());
+/// assert_eq!(broker.acks().completed, 100);
+/// # Ok(())
+/// # }
+/// ```
+pub struct Runtime<T> {
+    inner: Arc<Inner<T>>,
+    workers: Vec<JoinHandle<()>>,
+    intakes: Vec<JoinHandle<()>>,
+    sampler: JoinHandle<()>,
+    drained: CancellationToken,
+    final_ack: Arc<parking_lot::Mutex<Option<tokio::time::Instant>>>,
+}
+
+/// Builds a [`Runtime`].
+#[must_use]
+pub struct RuntimeBuilder<T> {
+    config: RuntimeConfig,
+    defer: Option<Arc<dyn DeferSink<T>>>,
+    dead_letter: Option<Arc<dyn DeadLetterSink<T>>>,
+    clock: Clock,
+}
+
+impl<T> std::fmt::Debug for RuntimeBuilder<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeBuilder")
+            .field("config", &self.config)
+            .field("defer", &self.defer.is_some())
+            .field("dead_letter", &self.dead_letter.is_some())
+            .finish()
+    }
+}
+
+impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
+    /// Re-publishes refused and evicted messages of Defer tiers to `sink`.
+    pub fn defer_sink(mut self, sink: Arc<impl DeferSink<T>>) -> Self {
+        self.defer = Some(sink);
+        self
+    }
+
+    /// Publishes messages that failed for good to `sink` before acknowledging them.
+    pub fn dead_letter_sink(mut self, sink: Arc<impl DeadLetterSink<T>>) -> Self {
+        self.dead_letter = Some(sink);
+        self
+    }
+
+    /// Reads time from `clock` (deadlines, queue age, latency).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Starts the workers with `handler`, on the current tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field when the configuration is out of range.
+    ///
+    /// # Panics
+    ///
+    /// When called outside a tokio runtime.
+    pub fn start<H, F>(self, handler: H) -> Result<Runtime<T>, ConfigError>
+    where
+        H: Fn(Job<T>) -> F + Send + Sync + 'static,
+        F: Future<Output = Result<(), HandlerError>> + Send + 'static,
+    {
+        let config = self.config;
+        config.validate()?;
+        let workers = config.workers.get();
+        let limiter = match &config.limit {
+            Some(l) => l.build().map_err(|e| {
+                ConfigError::new(e.field.to_string(), e.value.clone(), e.allowed.clone())
+            })?,
+            None => Limiter::from(
+                Fixed::new(workers)
+                    .map_err(|e| ConfigError::new("workers", e.value.clone(), e.allowed.clone()))?,
+            ),
+        };
+        let limit = ConcurrencyLimit::new(limiter, config.shares.clone());
+        let queue = WfqQueue::with_clock(config.queue.clone(), self.clock.clone())?;
+        let accounts = Arc::new(Accounts {
+            ledger: crate::ledger::Ledger::new(),
+            metrics: metrics::Metrics::register(),
+            alive: AtomicI64::new(0),
+        });
+        let inner = Arc::new(Inner {
+            queue,
+            limit,
+            accounts,
+            deferring: Arc::new(tokio::sync::Semaphore::new(config.max_deferring.get())),
+            config,
+            defer: self.defer,
+            dead_letter: self.dead_letter,
+            handler: Arc::new(move |job| Box::pin(handler(job))),
+            origin: self.clock.now(),
+            clock: self.clock,
+            stop: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            defer_unhealthy_until: AtomicU64::new(0),
+            held: AtomicI64::new(0),
+            refusals: AtomicU64::new(0),
+            pulling: std::sync::atomic::AtomicUsize::new(0),
+        });
+        let workers = (0..workers)
+            .map(|_| tokio::spawn(Arc::clone(&inner).worker()))
+            .collect();
+        let sampler = tokio::spawn(Arc::clone(&inner).sampler());
+        Ok(Runtime {
+            inner,
+            workers,
+            intakes: Vec::new(),
+            sampler,
+            drained: CancellationToken::new(),
+            final_ack: Arc::new(parking_lot::Mutex::new(None)),
+        })
+    }
+}
+
+impl<T: Send + Sync + 'static> Runtime<T> {
+    /// A builder with `config`, no defer sink, no dead-letter sink, the system clock.
+    pub fn builder(config: RuntimeConfig) -> RuntimeBuilder<T> {
+        RuntimeBuilder {
+            config,
+            defer: None,
+            dead_letter: None,
+            clock: Clock::new(),
+        }
+    }
+
+    /// Starts pulling from `source` on its own task.
+    pub fn attach<S: Source<Payload = T>>(&mut self, source: S) {
+        self.attach_mode(source, intake::Mode::Normal);
+    }
+
+    /// Starts pulling deferred work back from `source`, only while the Sheddable tier is being
+    /// admitted (the load is below Sheddable's cut-off). Its messages are never deferred again:
+    /// when refused they wait in their topic or queue (backpressure).
+    pub fn attach_drain<S: Source<Payload = T>>(&mut self, source: S) {
+        self.attach_mode(source, intake::Mode::Drain);
+    }
+
+    fn attach_mode<S: Source<Payload = T>>(&mut self, source: S, mode: intake::Mode) {
+        self.inner.pulling.fetch_add(1, Ordering::AcqRel);
+        let task = intake::run(
+            Arc::clone(&self.inner),
+            source,
+            mode,
+            self.drained.clone(),
+            Arc::clone(&self.final_ack),
+        );
+        self.intakes.push(tokio::spawn(task));
+    }
+
+    /// The accounting right now.
+    pub fn stats(&self) -> RuntimeStats {
+        let inner = &self.inner;
+        RuntimeStats {
+            ledger: inner.accounts.ledger.snapshot(),
+            queue: inner.queue.stats(),
+            alive: inner.accounts.alive.load(Ordering::Relaxed).max(0) as u64,
+            queued: inner.queue.len() as u64,
+            held: inner.held.load(Ordering::Relaxed).max(0) as u64,
+            running: inner.limit.in_flight() as u64,
+            limit: inner.limit.limit() as u64,
+        }
+    }
+
+    /// The load level handlers see (for brownout).
+    pub fn load(&self) -> LoadLevel {
+        LoadLevel(self.inner.queue.shed_level())
+    }
+
+    /// Waits until every attached source has finished (returned `None`) and every message
+    /// taken is settled: for finite sources (tests, the in-memory broker) before shutdown.
+    pub async fn wait_idle(&self) {
+        loop {
+            let pulling = self.inner.pulling.load(Ordering::Acquire);
+            let alive = self.inner.accounts.alive.load(Ordering::Acquire);
+            if pulling == 0 && alive == 0 {
+                return;
+            }
+            tokio::time::sleep(self.inner.poll_interval()).await;
+        }
+    }
+
+    /// Stops within `grace`: stops pulling, hands queued work back unacknowledged (or defers
+    /// it, per policy), lets running handlers finish, makes each source's final
+    /// acknowledgement, and returns the final accounting. Returns within `grace` (plus
+    /// scheduling noise) even if a handler hangs: such a handler is cancelled and its message
+    /// released, never acknowledged.
+    ///
+    /// A fifth of `grace` (at most 5 s) is kept for the sources' final acknowledgement.
+    pub async fn shutdown(self, grace: Duration) -> Report {
+        let started = tokio::time::Instant::now();
+        let deadline = started + grace;
+        let reserve = (grace / 5).min(Duration::from_secs(5));
+        let work_deadline = deadline - reserve;
+        *self.final_ack.lock() = Some(deadline);
+        let inner = Arc::clone(&self.inner);
+        inner.stop.cancel();
+        inner.drain_queue();
+        inner.tasks.close();
+        let mut workers = self.workers;
+        let finished = tokio::time::timeout_at(work_deadline, async {
+            for w in &mut workers {
+                let _ = w.await;
+            }
+            inner.tasks.wait().await;
+        })
+        .await;
+        let grace_exceeded = finished.is_err();
+        if grace_exceeded {
+            for w in &workers {
+                w.abort();
+            }
+            for w in workers {
+                let _ = w.await;
+            }
+        }
+        self.sampler.abort();
+        self.drained.cancel();
+        for intake in self.intakes {
+            let abort = intake.abort_handle();
+            if tokio::time::timeout_at(deadline, intake).await.is_err() {
+                abort.abort();
+            }
+        }
+        Report {
+            stats: RuntimeStats {
+                ledger: inner.accounts.ledger.snapshot(),
+                queue: inner.queue.stats(),
+                alive: inner.accounts.alive.load(Ordering::Relaxed).max(0) as u64,
+                queued: inner.queue.len() as u64,
+                held: inner.held.load(Ordering::Relaxed).max(0) as u64,
+                running: inner.limit.in_flight() as u64,
+                limit: inner.limit.limit() as u64,
+            },
+            grace_exceeded,
+            elapsed: started.elapsed(),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Runtime<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("workers", &self.workers.len())
+            .field("sources", &self.intakes.len())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,252 @@
+//! Configuration of the runtime: one struct, loadable from TOML, with every default documented.
+
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::limit::{LimitConfig, TierShares};
+use crate::queue::WfqConfig;
+use crate::{ConfigError, PerTier};
+
+/// What happens to a message its tier cannot take now (refused at admission or evicted).
+/// Decided in advance, per tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalPolicy {
+    /// Hold the message, stop pulling from its source, and retry it as capacity returns: the
+    /// broker is the buffer. A pull-based source never loses such a message to overload.
+    Backpressure,
+    /// Re-publish it to the durable defer sink and acknowledge it once the broker confirmed
+    /// the copy. Without a defer sink configured, behaves as `Drop`; while the defer sink
+    /// fails, behaves as `Backpressure`.
+    Defer,
+    /// Acknowledge it and count it as shed.
+    Drop,
+}
+
+/// Retries of failed handlers: exponential backoff with full jitter (AWS Architecture Blog,
+/// "Exponential Backoff and Jitter"), one criticality level lower per retry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Retries after the first attempt before a message is dead-lettered. Allowed `0..=100`.
+    /// Default `3`.
+    pub max_retries: u32,
+    /// Backoff before retry `n` is drawn uniformly from `0..min(max_backoff, base × 2^n)`, in
+    /// milliseconds. Allowed `1..=3_600_000`. Default `100`.
+    pub base_backoff_ms: u64,
+    /// Cap on the backoff, in milliseconds. Allowed `base_backoff_ms..=3_600_000`. Default
+    /// `10_000`.
+    pub max_backoff_ms: u64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            max_retries: 3,
+            base_backoff_ms: 100,
+            max_backoff_ms: 10_000,
+        }
+    }
+}
+
+impl RetryConfig {
+    /// The backoff before retry number `retry` (1-based), with full jitter.
+    pub fn backoff(&self, retry: u32) -> Duration {
+        let exp = self
+            .base_backoff_ms
+            .saturating_mul(1u64 << retry.min(32))
+            .min(self.max_backoff_ms);
+        Duration::from_millis(fastrand::u64(0..=exp))
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_retries > 100 {
+            return Err(ConfigError::new(
+                "retry.max_retries",
+                self.max_retries,
+                "0..=100",
+            ));
+        }
+        if !(1..=3_600_000).contains(&self.base_backoff_ms) {
+            return Err(ConfigError::new(
+                "retry.base_backoff_ms",
+                self.base_backoff_ms,
+                "1..=3600000",
+            ));
+        }
+        if !(self.base_backoff_ms..=3_600_000).contains(&self.max_backoff_ms) {
+            return Err(ConfigError::new(
+                "retry.max_backoff_ms",
+                self.max_backoff_ms,
+                format!(
+                    "{}..=3600000 (at least retry.base_backoff_ms)",
+                    self.base_backoff_ms
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Configuration of a [`Runtime`](crate::runtime::Runtime).
+///
+/// # Examples
+///
+/// ```
+/// use triage::runtime::{RefusalPolicy, RuntimeConfig};
+///
+/// let config = RuntimeConfig::from_toml(r#"
+///     workers = 16
+///     [queue]
+///     capacity = 2000
+///     [limit]
+///     kind = "gradient2"
+///     initial = 8
+///     max = 16
+///     [policy]
+///     critical = "backpressure"
+///     high = "backpressure"
+///     medium = "defer"
+///     sheddable = "drop"
+///     [retry]
+///     max_retries = 2
+/// "#)?;
+/// assert_eq!(config.policy.sheddable, RefusalPolicy::Drop);
+///
+/// let err = RuntimeConfig::from_toml("[queue]\ncapacity = 0").unwrap_err();
+/// assert!(err.to_string().contains("capacity"), "{err}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// Worker tasks: the most handlers that can ever run at once. The concurrency limit moves
+    /// below it. Allowed `1..=100_000`. Default `8`.
+    pub workers: NonZeroUsize,
+    /// The queue: capacity, byte budget, weights, queue-age cut-offs. See [`WfqConfig`].
+    pub queue: WfqConfig,
+    /// Concurrency limit algorithm (fixed, AIMD or Gradient2). Default: fixed at `workers`.
+    pub limit: Option<LimitConfig>,
+    /// Share of the concurrency limit each tier may use (seed 002). Default
+    /// `1.0 / 0.9 / 0.75 / 0.5`.
+    pub shares: TierShares,
+    /// Refusal policy per tier. Default: Backpressure for Critical and High, Defer for Medium
+    /// and Sheddable (which is Drop when no defer sink is configured).
+    pub policy: PerTier<RefusalPolicy>,
+    /// Handler retries.
+    pub retry: RetryConfig,
+    /// Deferrals waiting for their broker confirm at once; past it, refused messages of a
+    /// Defer tier are held (backpressure). Allowed `1..=100_000`. Default `256`.
+    pub max_deferring: NonZeroUsize,
+    /// While the defer sink is failing, how long Defer tiers behave as Backpressure before the
+    /// sink is tried again, in milliseconds. Allowed `1..=3_600_000`. Default `1000`.
+    pub defer_cooldown_ms: u64,
+    /// How often a held (backpressured) message is retried when nothing else wakes it, and how
+    /// often gauges are sampled, in milliseconds. Allowed `1..=60_000`. Default `5`.
+    pub poll_interval_ms: u64,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            workers: NonZeroUsize::new(8).unwrap_or(NonZeroUsize::MIN),
+            queue: WfqConfig::default(),
+            limit: None,
+            shares: TierShares::default(),
+            policy: PerTier::new(
+                RefusalPolicy::Backpressure,
+                RefusalPolicy::Backpressure,
+                RefusalPolicy::Defer,
+                RefusalPolicy::Defer,
+            ),
+            retry: RetryConfig::default(),
+            max_deferring: NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN),
+            defer_cooldown_ms: 1000,
+            poll_interval_ms: 5,
+        }
+    }
+}
+
+/// A configuration that could not be loaded: bad TOML, or a value out of range.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LoadConfigError {
+    /// The text is not valid TOML for this structure (the message names the key).
+    Parse(toml::de::Error),
+    /// A value is outside its allowed range.
+    Invalid(ConfigError),
+}
+
+impl std::fmt::Display for LoadConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadConfigError::Parse(e) => write!(f, "invalid config: {e}"),
+            LoadConfigError::Invalid(e) => write!(f, "invalid config: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for LoadConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LoadConfigError::Parse(e) => Some(e),
+            LoadConfigError::Invalid(e) => Some(e),
+        }
+    }
+}
+
+impl RuntimeConfig {
+    /// Parses and validates a TOML document.
+    ///
+    /// # Errors
+    ///
+    /// [`LoadConfigError::Parse`] for text that is not this structure (unknown keys included),
+    /// [`LoadConfigError::Invalid`] for a value out of range; both name the field.
+    pub fn from_toml(text: &str) -> Result<Self, LoadConfigError> {
+        let config: RuntimeConfig = toml::from_str(text).map_err(LoadConfigError::Parse)?;
+        config.validate().map_err(LoadConfigError::Invalid)?;
+        Ok(config)
+    }
+
+    /// Checks every field against its allowed range.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the first field out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.workers.get() > 100_000 {
+            return Err(ConfigError::new("workers", self.workers, "1..=100000"));
+        }
+        self.queue.validate()?;
+        if let Some(limit) = &self.limit {
+            limit.validate().map_err(|e| {
+                ConfigError::new(e.field.to_string(), e.value.clone(), e.allowed.clone())
+            })?;
+        }
+        self.retry.validate()?;
+        if self.max_deferring.get() > 100_000 {
+            return Err(ConfigError::new(
+                "max_deferring",
+                self.max_deferring,
+                "1..=100000",
+            ));
+        }
+        if !(1..=3_600_000).contains(&self.defer_cooldown_ms) {
+            return Err(ConfigError::new(
+                "defer_cooldown_ms",
+                self.defer_cooldown_ms,
+                "1..=3600000",
+            ));
+        }
+        if !(1..=60_000).contains(&self.poll_interval_ms) {
+            return Err(ConfigError::new(
+                "poll_interval_ms",
+                self.poll_interval_ms,
+                "1..=60000",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,463 @@
+//! The runtime's moving parts: admission of offered items, refusal policies, deferral, workers.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use quanta::{Clock, Instant};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::ledger::Disposition;
+use crate::limit::ConcurrencyLimit;
+use crate::queue::{Dequeued, Meta, RefuseReason, TryPopError, WfqQueue};
+use crate::runtime::item::{Accounts, Item};
+use crate::runtime::metrics::{reason_index, EVICTED};
+use crate::runtime::{
+    DeadLetterSink, DeferReason, DeferSink, HandlerError, Job, LoadLevel, RefusalPolicy, Republish,
+    RuntimeConfig,
+};
+use crate::Criticality;
+
+pub(crate) type Handler<T> =
+    Arc<dyn Fn(Job<T>) -> BoxFuture<'static, Result<(), HandlerError>> + Send + Sync>;
+
+/// Refusals between two samples of the reject path's cost.
+const REJECT_SAMPLE_EVERY: u64 = 1024;
+
+pub(crate) struct Inner<T> {
+    pub(crate) queue: WfqQueue<Item<T>>,
+    pub(crate) limit: ConcurrencyLimit,
+    pub(crate) accounts: Arc<Accounts>,
+    pub(crate) config: RuntimeConfig,
+    pub(crate) defer: Option<Arc<dyn DeferSink<T>>>,
+    pub(crate) dead_letter: Option<Arc<dyn DeadLetterSink<T>>>,
+    pub(crate) handler: Handler<T>,
+    pub(crate) clock: Clock,
+    /// Stop taking new work (shutdown began).
+    pub(crate) stop: CancellationToken,
+    /// Deferral and retry tasks, so shutdown can wait for them.
+    pub(crate) tasks: TaskTracker,
+    pub(crate) deferring: Arc<tokio::sync::Semaphore>,
+    /// Clock reading (ns since `origin`) until which Defer tiers behave as Backpressure.
+    pub(crate) defer_unhealthy_until: AtomicU64,
+    pub(crate) origin: Instant,
+    pub(crate) held: AtomicI64,
+    pub(crate) refusals: AtomicU64,
+    /// Sources still being pulled (not finished, not stopped).
+    pub(crate) pulling: std::sync::atomic::AtomicUsize,
+}
+
+/// What became of an offered item.
+pub(crate) enum Offer<T> {
+    /// Queued, or settled by policy (shed, deferring): the caller is done with it.
+    Taken,
+    /// Refused under Backpressure: the caller holds it and offers it again later.
+    Hold(Item<T>),
+}
+
+impl<T: Send + Sync + 'static> Inner<T> {
+    pub(crate) fn poll_interval(&self) -> Duration {
+        Duration::from_millis(self.config.poll_interval_ms)
+    }
+
+    /// Admission: push into the queue, apply the policy to whatever is refused or evicted.
+    ///
+    /// The refuse path (Drop or Backpressure) allocates nothing and logs nothing: a queue push
+    /// that fails on one atomic load, counter increments on pre-registered handles, and the
+    /// ack's resolve.
+    pub(crate) fn offer(self: &Arc<Self>, item: Item<T>) -> Offer<T> {
+        let tier = item.tier();
+        let meta = Meta::new(tier)
+            .deadline_opt(item.deadline)
+            .size_bytes(item.size_bytes);
+        let seq = self.refusals.load(Ordering::Relaxed);
+        let sampled = seq % REJECT_SAMPLE_EVERY == 0;
+        let started = if sampled {
+            Some(self.clock.now())
+        } else {
+            None
+        };
+        match self.queue.push(item, meta) {
+            Ok(evicted) => {
+                self.accounts.metrics.tiers[tier].admitted.increment(1);
+                let mut hold = None;
+                for e in evicted {
+                    let victim = e.into_inner();
+                    let t = victim.tier();
+                    self.accounts.metrics.tiers[t].refused[EVICTED].increment(1);
+                    if let Offer::Hold(v) = self.refuse(victim, EVICTED, DeferReason::Evicted) {
+                        // A count-bounded queue evicts at most one item per push; a byte budget
+                        // may evict more, and those of a Backpressure tier go back to the queue
+                        // later via the caller or a retry task.
+                        match hold {
+                            None => hold = Some(v),
+                            Some(_) => self.hold_in_task(v),
+                        }
+                    }
+                }
+                match hold {
+                    Some(v) => Offer::Hold(v),
+                    None => Offer::Taken,
+                }
+            }
+            Err(err) => {
+                let reason = err.reason();
+                if reason == RefuseReason::Closed {
+                    // Shutting down: released unacknowledged when dropped.
+                    drop(err.into_inner());
+                    return Offer::Taken;
+                }
+                let item = err.into_inner();
+                let r = reason_index(reason);
+                self.accounts.metrics.tiers[tier].refused[r].increment(1);
+                let defer_reason = match reason {
+                    RefuseReason::Full | RefuseReason::TooLarge => DeferReason::Full,
+                    _ => DeferReason::Overloaded,
+                };
+                let out = self.refuse(item, r, defer_reason);
+                self.refusals.fetch_add(1, Ordering::Relaxed);
+                if let Some(started) = started {
+                    let cost = self.clock.now().saturating_duration_since(started);
+                    self.accounts.metrics.reject_cost.record(cost.as_secs_f64());
+                }
+                out
+            }
+        }
+    }
+
+    fn policy(&self, item: &Item<T>) -> RefusalPolicy {
+        if item.from_drain {
+            // Deferred work refused again waits in its topic: deferring it anew would loop.
+            return RefusalPolicy::Backpressure;
+        }
+        match self.config.policy[item.tier()] {
+            RefusalPolicy::Defer if self.defer.is_none() => RefusalPolicy::Drop,
+            RefusalPolicy::Defer if !self.defer_healthy() => RefusalPolicy::Backpressure,
+            p => p,
+        }
+    }
+
+    fn refuse(
+        self: &Arc<Self>,
+        item: Item<T>,
+        reason: usize,
+        defer_reason: DeferReason,
+    ) -> Offer<T> {
+        let tier = item.tier();
+        match self.policy(&item) {
+            RefusalPolicy::Drop => {
+                self.accounts.metrics.tiers[item.original].shed[reason].increment(1);
+                item.settle(Disposition::Shed);
+                Offer::Taken
+            }
+            RefusalPolicy::Backpressure => {
+                self.accounts.metrics.tiers[tier].backpressure.increment(1);
+                Offer::Hold(item)
+            }
+            RefusalPolicy::Defer => match Arc::clone(&self.deferring).try_acquire_owned() {
+                Ok(permit) => {
+                    let this = Arc::clone(self);
+                    self.tasks.spawn(async move {
+                        this.defer_until_done(item, defer_reason).await;
+                        drop(permit);
+                    });
+                    Offer::Taken
+                }
+                Err(_) => {
+                    self.accounts.metrics.tiers[tier].backpressure.increment(1);
+                    Offer::Hold(item)
+                }
+            },
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.clock
+            .now()
+            .saturating_duration_since(self.origin)
+            .as_nanos() as u64
+    }
+
+    fn defer_healthy(&self) -> bool {
+        self.now_ns() >= self.defer_unhealthy_until.load(Ordering::Relaxed)
+    }
+
+    fn republish_info(
+        &self,
+        item: &Item<T>,
+        reason: &'static str,
+        error: Option<String>,
+    ) -> Republish {
+        let deadline = item.deadline.map(|d| {
+            let now = self.clock.now();
+            let wall = SystemTime::now();
+            if d >= now {
+                wall + d.saturating_duration_since(now)
+            } else {
+                wall.checked_sub(now.saturating_duration_since(d))
+                    .unwrap_or(wall)
+            }
+        });
+        Republish {
+            criticality: item.original,
+            attempt: item.attempt,
+            deadline,
+            reason,
+            error,
+        }
+    }
+
+    /// Publishes to the defer sink; on failure the message falls back to backpressure: it is
+    /// retried into the queue (or the sink, once it recovers) and never acknowledged before.
+    async fn defer_until_done(self: Arc<Self>, item: Item<T>, reason: DeferReason) {
+        let Some(sink) = self.defer.clone() else {
+            return self.hold_until_queued(item).await;
+        };
+        let info = self.republish_info(&item, reason.as_str(), None);
+        match sink.publish(&item.payload, &info).await {
+            Ok(()) => {
+                self.accounts.metrics.tiers[item.original]
+                    .deferred
+                    .increment(1);
+                item.settle(Disposition::Deferred);
+            }
+            Err(_) => {
+                self.accounts.metrics.defer_failures.increment(1);
+                let until = self.now_ns() + self.config.defer_cooldown_ms * 1_000_000;
+                self.defer_unhealthy_until
+                    .fetch_max(until, Ordering::Relaxed);
+                self.hold_until_queued(item).await;
+            }
+        }
+    }
+
+    fn hold_in_task(self: &Arc<Self>, item: Item<T>) {
+        let this = Arc::clone(self);
+        self.tasks
+            .spawn(async move { this.hold_until_queued(item).await });
+    }
+
+    /// Backpressure outside a source: keep offering until taken. On shutdown the item is
+    /// dropped, which releases it unacknowledged.
+    pub(crate) async fn hold_until_queued(self: &Arc<Self>, mut item: Item<T>) {
+        self.held.fetch_add(1, Ordering::Relaxed);
+        loop {
+            tokio::select! {
+                _ = self.stop.cancelled() => break,
+                _ = tokio::time::sleep(self.poll_interval()) => {}
+            }
+            match self.offer(item) {
+                Offer::Taken => {
+                    self.held.fetch_sub(1, Ordering::Relaxed);
+                    return;
+                }
+                Offer::Hold(back) => item = back,
+            }
+        }
+        self.held.fetch_sub(1, Ordering::Relaxed);
+        drop(item);
+    }
+
+    /// Next item a worker may start: weighted-fair among the tiers whose share of the
+    /// concurrency limit is not used up. `None` once the queue is closed and empty.
+    async fn next_item(&self) -> Option<Dequeued<Item<T>>> {
+        loop {
+            match self.queue.try_pop_masked(self.limit.allowed_mask()) {
+                Ok(d) => return Some(d),
+                Err(TryPopError::Closed) => return None,
+                Err(_) => {}
+            }
+            let on_push = self.queue.listen();
+            let on_release = self.limit.listen();
+            match self.queue.try_pop_masked(self.limit.allowed_mask()) {
+                Ok(d) => return Some(d),
+                Err(TryPopError::Closed) => return None,
+                Err(_) => {}
+            }
+            tokio::select! {
+                _ = on_push => {}
+                _ = on_release => {}
+            }
+        }
+    }
+
+    pub(crate) async fn worker(self: Arc<Self>) {
+        while let Some(d) = self.next_item().await {
+            match d {
+                Dequeued::Expired(e) => {
+                    let item = e.into_inner();
+                    self.accounts.metrics.tiers[item.original]
+                        .expired
+                        .increment(1);
+                    item.settle(Disposition::Expired);
+                }
+                Dequeued::Ready(e) => {
+                    let now = self.clock.now();
+                    let sojourn = e.sojourn(now);
+                    let enqueued_at = e.enqueued_at();
+                    let item = e.into_inner();
+                    self.accounts.metrics.tiers[item.tier()]
+                        .sojourn
+                        .record(sojourn.as_secs_f64());
+                    self.serve(item, enqueued_at).await;
+                }
+            }
+        }
+    }
+
+    async fn serve(self: &Arc<Self>, item: Item<T>, enqueued_at: Instant) {
+        let tier = item.tier();
+        // The mask admitted this tier; another worker may have taken the last slot since.
+        let permit = loop {
+            let listener = self.limit.listen();
+            if let Some(p) = self.limit.try_acquire(tier) {
+                break p;
+            }
+            listener.await;
+        };
+        let job = Job {
+            payload: Arc::clone(&item.payload),
+            criticality: tier,
+            original: item.original,
+            attempt: item.attempt,
+            deadline: item.deadline,
+            enqueued_at,
+            load: LoadLevel(self.queue.shed_level()),
+            clock: self.clock.clone(),
+        };
+        let started = self.clock.now();
+        let handler = Arc::clone(&self.handler);
+        // A panic while building the future, or while polling it, is a failure like any other.
+        let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| handler(job))) {
+            Ok(fut) => AssertUnwindSafe(fut).catch_unwind().await,
+            Err(panic) => Err(panic),
+        };
+        let finished = self.clock.now();
+        let latency = finished.saturating_duration_since(started);
+        self.accounts.metrics.tiers[tier]
+            .latency
+            .record(latency.as_secs_f64());
+        let _ = permit.record(latency, false);
+        match outcome {
+            Ok(Ok(())) => {
+                let m = &self.accounts.metrics.tiers[item.original];
+                m.completed.increment(1);
+                if item.deadline.is_none_or(|d| finished <= d) {
+                    m.goodput.increment(1);
+                    item.accounts().ledger.record_goodput(item.original);
+                }
+                item.settle(Disposition::Completed);
+            }
+            Ok(Err(err)) => {
+                let retry = err.is_retryable();
+                self.failed(item, retry, "failed", err.to_string()).await;
+            }
+            Err(_) => {
+                self.accounts.metrics.panics.increment(1);
+                self.failed(item, true, "panicked", "handler panicked".to_owned())
+                    .await;
+            }
+        }
+    }
+
+    async fn failed(
+        self: &Arc<Self>,
+        mut item: Item<T>,
+        retryable: bool,
+        reason: &'static str,
+        error: String,
+    ) {
+        if retryable && item.attempt < self.config.retry.max_retries {
+            item.attempt += 1;
+            self.accounts.metrics.tiers[item.tier()]
+                .retries
+                .increment(1);
+            let backoff = self.config.retry.backoff(item.attempt);
+            let this = Arc::clone(self);
+            self.tasks.spawn(async move {
+                tokio::select! {
+                    _ = this.stop.cancelled() => return drop(item),
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                if let Offer::Hold(item) = this.offer(item) {
+                    this.hold_until_queued(item).await;
+                }
+            });
+            return;
+        }
+        self.dead_letter(item, reason, error).await;
+    }
+
+    /// Dead-letters and only then records `Failed`; until the sink confirms, the message stays
+    /// unacknowledged (retried with backoff, released on shutdown).
+    async fn dead_letter(self: &Arc<Self>, item: Item<T>, reason: &'static str, error: String) {
+        if let Some(sink) = self.dead_letter.clone() {
+            let info = self.republish_info(&item, reason, Some(error));
+            let mut attempt = 0u32;
+            loop {
+                match sink.publish(&item.payload, &info).await {
+                    Ok(()) => break,
+                    Err(_) => {
+                        attempt = attempt.saturating_add(1);
+                        let backoff = self.config.retry.backoff(attempt.min(16));
+                        tokio::select! {
+                            _ = self.stop.cancelled() => return drop(item),
+                            _ = tokio::time::sleep(backoff) => {}
+                        }
+                    }
+                }
+            }
+        }
+        self.accounts.metrics.tiers[item.original]
+            .failed
+            .increment(1);
+        item.settle(Disposition::Failed);
+    }
+
+    /// Gauges and the admission clock, on a timer: nothing here runs per message.
+    pub(crate) async fn sampler(self: Arc<Self>) {
+        let every = Duration::from_millis(250).max(self.poll_interval());
+        loop {
+            tokio::select! {
+                _ = self.stop.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            self.queue.refresh_admission();
+            let m = &self.accounts.metrics;
+            let depths = self.queue.depths();
+            let ages = self.queue.ages();
+            for tier in Criticality::ALL {
+                m.tiers[tier].depth.set(depths[tier] as f64);
+                m.tiers[tier].age.set(ages[tier].as_secs_f64());
+            }
+            m.shed_level.set(f64::from(self.queue.shed_level()));
+            m.in_flight.set(self.limit.in_flight() as f64);
+            m.limit.set(self.limit.limit() as f64);
+            m.held.set(self.held.load(Ordering::Relaxed) as f64);
+        }
+    }
+
+    /// Queued items at shutdown: deferred where their policy says so (and the sink is up),
+    /// otherwise released unacknowledged for redelivery.
+    pub(crate) fn drain_queue(self: &Arc<Self>) {
+        for e in self.queue.close() {
+            let item = e.into_inner();
+            let defer = !item.from_drain
+                && self.defer.is_some()
+                && self.config.policy[item.tier()] == RefusalPolicy::Defer
+                && self.defer_healthy();
+            if defer {
+                let this = Arc::clone(self);
+                self.tasks.spawn(async move {
+                    this.defer_until_done(item, DeferReason::Shutdown).await;
+                });
+            } else {
+                drop(item);
+            }
+        }
+    }
+}

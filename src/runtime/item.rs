@@ -1,0 +1,88 @@
+//! A message inside the runtime: the envelope plus the accounting that makes "exactly one
+//! disposition" structural.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use quanta::Instant;
+
+use crate::ledger::{Disposition, Ledger};
+use crate::runtime::metrics::Metrics;
+use crate::runtime::{Ack, Envelope};
+use crate::Criticality;
+
+/// Counters shared by everything that creates or settles items.
+pub(crate) struct Accounts {
+    pub(crate) ledger: Ledger,
+    pub(crate) metrics: Metrics,
+    /// Items alive: consumed and neither settled nor released (queued, held, deferring, in a
+    /// handler, waiting to retry). Counted by construction and destruction of [`Item`], not
+    /// by the ledger, so comparing the two is a real check.
+    pub(crate) alive: AtomicI64,
+}
+
+/// One consumed message. Settled exactly once: [`Item::settle`] records its disposition and
+/// resolves its ack; dropped unsettled (shutdown, an aborted task), it is *released*: counted,
+/// and its ack tells the source not to acknowledge it.
+pub(crate) struct Item<T> {
+    pub(crate) payload: Arc<T>,
+    pub(crate) original: Criticality,
+    pub(crate) attempt: u32,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) size_bytes: usize,
+    /// Set by a drain source: refusals hold it rather than deferring it again.
+    pub(crate) from_drain: bool,
+    ack: Option<Ack>,
+    accounts: Arc<Accounts>,
+}
+
+impl<T> Item<T> {
+    pub(crate) fn consumed(env: Envelope<T>, from_drain: bool, accounts: &Arc<Accounts>) -> Self {
+        let original = env.criticality;
+        accounts.ledger.record_consumed(original);
+        accounts.metrics.tiers[original].consumed.increment(1);
+        accounts.alive.fetch_add(1, Ordering::Relaxed);
+        Item {
+            payload: Arc::new(env.payload),
+            original,
+            attempt: env.attempt,
+            deadline: env.deadline,
+            size_bytes: env.size_bytes,
+            from_drain,
+            ack: Some(env.ack),
+            accounts: Arc::clone(accounts),
+        }
+    }
+
+    /// The tier it is queued and served at: demoted once per retry.
+    #[inline]
+    pub(crate) fn tier(&self) -> Criticality {
+        self.original.demoted_by(self.attempt)
+    }
+
+    /// Records the disposition (per original criticality) and resolves the ack.
+    pub(crate) fn settle(mut self, disposition: Disposition) {
+        self.accounts.ledger.record(self.original, disposition);
+        if let Some(ack) = self.ack.take() {
+            ack.resolve(disposition);
+        }
+        self.accounts.alive.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn accounts(&self) -> &Accounts {
+        &self.accounts
+    }
+}
+
+impl<T> Drop for Item<T> {
+    fn drop(&mut self) {
+        if let Some(ack) = self.ack.take() {
+            self.accounts.ledger.record_released(self.original);
+            self.accounts.metrics.tiers[self.original]
+                .released
+                .increment(1);
+            self.accounts.alive.fetch_sub(1, Ordering::Relaxed);
+            ack.release();
+        }
+    }
+}

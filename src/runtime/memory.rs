@@ -1,0 +1,347 @@
+//! An in-memory broker, source and sinks: the embedded default, and the test double for unit
+//! tests. Integration tests use real brokers.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use parking_lot::Mutex;
+use quanta::Instant;
+use tokio::sync::Notify;
+
+use crate::ledger::Disposition;
+use crate::runtime::{
+    Ack, AckRef, AckSink, DeadLetterSink, DeferSink, Envelope, Republish, SinkError, Source,
+};
+use crate::Criticality;
+
+/// Acknowledgement states per message, by sequence number.
+const PENDING: u8 = 0;
+const RELEASED: u8 = 6;
+
+fn code(d: Disposition) -> u8 {
+    match d {
+        Disposition::Completed => 1,
+        Disposition::Failed => 2,
+        Disposition::Deferred => 3,
+        Disposition::Expired => 4,
+        _ => 5,
+    }
+}
+
+/// Acknowledgements seen by a [`MemoryBroker`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AckCounts {
+    /// Messages published.
+    pub published: u64,
+    /// Acknowledged `Completed`.
+    pub completed: u64,
+    /// Acknowledged `Failed`.
+    pub failed: u64,
+    /// Acknowledged `Deferred`.
+    pub deferred: u64,
+    /// Acknowledged `Expired`.
+    pub expired: u64,
+    /// Acknowledged `Shed`.
+    pub shed: u64,
+    /// Released unacknowledged.
+    pub released: u64,
+    /// Not yet acknowledged nor released (still in the broker or in the runtime).
+    pub pending: u64,
+    /// Second acknowledgements of an already settled message: must stay 0.
+    pub duplicates: u64,
+}
+
+struct BrokerState<T> {
+    log: VecDeque<Envelope<T>>,
+    states: Vec<u8>,
+    duplicates: u64,
+    closed: bool,
+}
+
+struct BrokerInner<T> {
+    state: Mutex<BrokerState<T>>,
+    available: Notify,
+}
+
+impl<T: Send + 'static> AckSink for BrokerInner<T> {
+    fn resolve(&self, token: AckRef, disposition: Disposition) {
+        let mut st = self.state.lock();
+        let duplicate = match st.states.get_mut(token.position as usize) {
+            Some(s) if *s == PENDING || *s == RELEASED => {
+                *s = code(disposition);
+                false
+            }
+            _ => true,
+        };
+        if duplicate {
+            st.duplicates += 1;
+        }
+    }
+
+    fn release(&self, token: AckRef) {
+        let mut st = self.state.lock();
+        if let Some(s) = st.states.get_mut(token.position as usize) {
+            if *s == PENDING {
+                *s = RELEASED;
+            }
+        }
+    }
+}
+
+/// An in-memory log of messages, like a single-partition topic, with the acknowledgement state
+/// of each one. Cheap to clone (one `Arc`).
+///
+/// # Examples
+///
+/// ```
+/// use triage::runtime::MemoryBroker;
+/// use triage::Criticality;
+///
+/// let broker = MemoryBroker::new();
+/// broker.publish("order-1", Criticality::Critical, None);
+/// assert_eq!(broker.backlog(), 1);
+/// assert_eq!(broker.acks().pending, 1);
+/// ```
+pub struct MemoryBroker<T> {
+    inner: Arc<BrokerInner<T>>,
+}
+
+impl<T> Clone for MemoryBroker<T> {
+    fn clone(&self) -> Self {
+        MemoryBroker {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for MemoryBroker<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBroker").finish_non_exhaustive()
+    }
+}
+
+impl<T: Send + 'static> Default for MemoryBroker<T> {
+    fn default() -> Self {
+        MemoryBroker::new()
+    }
+}
+
+impl<T: Send + 'static> MemoryBroker<T> {
+    /// An empty, open broker.
+    pub fn new() -> Self {
+        MemoryBroker {
+            inner: Arc::new(BrokerInner {
+                state: Mutex::new(BrokerState {
+                    log: VecDeque::new(),
+                    states: Vec::new(),
+                    duplicates: 0,
+                    closed: false,
+                }),
+                available: Notify::new(),
+            }),
+        }
+    }
+
+    /// Appends a message; returns its sequence number.
+    pub fn publish(&self, payload: T, criticality: Criticality, deadline: Option<Instant>) -> u64 {
+        self.publish_with(payload, criticality, deadline, 0)
+    }
+
+    /// Appends a message with a byte size (for the queue's byte budget); returns its sequence
+    /// number.
+    pub fn publish_with(
+        &self,
+        payload: T,
+        criticality: Criticality,
+        deadline: Option<Instant>,
+        size_bytes: usize,
+    ) -> u64 {
+        let seq = {
+            let mut st = self.inner.state.lock();
+            let seq = st.states.len() as u64;
+            st.states.push(PENDING);
+            let sink: Arc<dyn AckSink> = self.inner.clone();
+            let ack = Ack::new(
+                sink,
+                AckRef {
+                    stream: 0,
+                    position: seq,
+                    epoch: 0,
+                },
+            );
+            let env = Envelope::new(payload, criticality, ack)
+                .with_deadline_opt(deadline)
+                .with_size_bytes(size_bytes);
+            st.log.push_back(env);
+            seq
+        };
+        self.inner.available.notify_one();
+        seq
+    }
+
+    /// No more messages: sources finish once the log is drained.
+    pub fn close(&self) {
+        self.inner.state.lock().closed = true;
+        self.inner.available.notify_waiters();
+        self.inner.available.notify_one();
+    }
+
+    /// Messages published and not yet pulled.
+    pub fn backlog(&self) -> usize {
+        self.inner.state.lock().log.len()
+    }
+
+    /// The acknowledgement state of message `seq`: `Some(disposition)` once acknowledged.
+    pub fn disposition(&self, seq: u64) -> Option<Disposition> {
+        let st = self.inner.state.lock();
+        match st.states.get(seq as usize).copied() {
+            Some(1) => Some(Disposition::Completed),
+            Some(2) => Some(Disposition::Failed),
+            Some(3) => Some(Disposition::Deferred),
+            Some(4) => Some(Disposition::Expired),
+            Some(5) => Some(Disposition::Shed),
+            _ => None,
+        }
+    }
+
+    /// Counts of acknowledgements so far.
+    pub fn acks(&self) -> AckCounts {
+        let st = self.inner.state.lock();
+        let mut c = AckCounts {
+            published: st.states.len() as u64,
+            duplicates: st.duplicates,
+            ..AckCounts::default()
+        };
+        for s in &st.states {
+            match *s {
+                1 => c.completed += 1,
+                2 => c.failed += 1,
+                3 => c.deferred += 1,
+                4 => c.expired += 1,
+                5 => c.shed += 1,
+                RELEASED => c.released += 1,
+                _ => c.pending += 1,
+            }
+        }
+        c
+    }
+
+    /// A source that pulls from this broker's log.
+    pub fn source(&self) -> MemorySource<T> {
+        MemorySource {
+            broker: self.clone(),
+        }
+    }
+}
+
+/// A [`Source`] over a [`MemoryBroker`]'s log. Finishes once the broker is closed and drained.
+pub struct MemorySource<T> {
+    broker: MemoryBroker<T>,
+}
+
+impl<T> std::fmt::Debug for MemorySource<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemorySource").finish_non_exhaustive()
+    }
+}
+
+impl<T: Send + 'static> Source for MemorySource<T> {
+    type Payload = T;
+
+    async fn next(&mut self) -> Option<Envelope<T>> {
+        loop {
+            let notified = self.broker.inner.available.notified();
+            {
+                let mut st = self.broker.inner.state.lock();
+                if let Some(env) = st.log.pop_front() {
+                    return Some(env);
+                }
+                if st.closed {
+                    return None;
+                }
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A defer and dead-letter sink that keeps what it is given, for the embedded default and
+/// tests. [`set_failing`](MemorySink::set_failing) makes it refuse, to exercise the fallback.
+pub struct MemorySink<T> {
+    items: Mutex<Vec<(T, Republish)>>,
+    failing: AtomicBool,
+}
+
+impl<T> std::fmt::Debug for MemorySink<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemorySink")
+            .field("len", &self.items.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> Default for MemorySink<T> {
+    fn default() -> Self {
+        MemorySink {
+            items: Mutex::new(Vec::new()),
+            failing: AtomicBool::new(false),
+        }
+    }
+}
+
+impl<T: Clone> MemorySink<T> {
+    /// An empty sink that accepts everything.
+    pub fn new() -> Self {
+        MemorySink::default()
+    }
+
+    /// Makes every publish fail (`true`) or succeed (`false`).
+    pub fn set_failing(&self, failing: bool) {
+        self.failing.store(failing, Ordering::Relaxed);
+    }
+
+    /// Everything published so far, with its triage headers.
+    pub fn items(&self) -> Vec<(T, Republish)> {
+        self.items.lock().clone()
+    }
+
+    /// Number of messages published.
+    pub fn len(&self) -> usize {
+        self.items.lock().len()
+    }
+
+    /// Whether nothing was published.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn accept(&self, payload: &T, info: &Republish) -> Result<(), SinkError> {
+        if self.failing.load(Ordering::Relaxed) {
+            return Err(SinkError::Unavailable("memory sink set to fail".into()));
+        }
+        self.items.lock().push((payload.clone(), info.clone()));
+        Ok(())
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> DeferSink<T> for MemorySink<T> {
+    fn publish<'a>(
+        &'a self,
+        payload: &'a T,
+        info: &'a Republish,
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move { self.accept(payload, info) })
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> DeadLetterSink<T> for MemorySink<T> {
+    fn publish<'a>(
+        &'a self,
+        payload: &'a T,
+        info: &'a Republish,
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move { self.accept(payload, info) })
+    }
+}

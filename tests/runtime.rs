@@ -1,0 +1,414 @@
+//! The runtime end to end on the in-memory broker: dispositions, retries with demotion, panics,
+//! policies, deferral fallback, shutdown. Time-dependent tests run on tokio's paused clock.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use triage::admission::QueueAgeConfig;
+use triage::ledger::Disposition;
+use triage::queue::WfqConfig;
+use triage::runtime::{
+    HandlerError, Job, MemoryBroker, MemorySink, RefusalPolicy, RetryConfig, Runtime, RuntimeConfig,
+};
+use triage::{Criticality, PerTier};
+
+fn config(workers: usize, capacity: usize) -> RuntimeConfig {
+    RuntimeConfig {
+        workers: workers.try_into().unwrap(),
+        queue: WfqConfig::with_capacity(capacity),
+        retry: RetryConfig {
+            max_retries: 3,
+            base_backoff_ms: 1,
+            max_backoff_ms: 5,
+        },
+        poll_interval_ms: 1,
+        ..RuntimeConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_message_completes_and_is_acked_once() {
+    let broker = MemoryBroker::new();
+    for i in 0..2_000u32 {
+        broker.publish(i, Criticality::ALL[(i % 4) as usize], None);
+    }
+    broker.close();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = Arc::clone(&seen);
+    // Backpressure for every tier: the broker is the buffer, so nothing is shed however fast
+    // the source is.
+    let mut c = config(4, 64);
+    c.policy = PerTier::splat(RefusalPolicy::Backpressure);
+    let mut rt = Runtime::builder(c)
+        .start(move |job: Job<u32>| {
+            let seen = Arc::clone(&seen2);
+            async move {
+                seen.lock().push(*job.payload());
+                Ok(())
+            }
+        })
+        .unwrap();
+    rt.attach(broker.source());
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    let acks = broker.acks();
+    assert_eq!(acks.completed, 2_000, "{acks:?}");
+    assert_eq!(acks.duplicates, 0);
+    assert_eq!(acks.pending, 0);
+    let mut seen = seen.lock().clone();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (0..2_000).collect::<Vec<_>>(),
+        "each handled exactly once"
+    );
+    let total = report.stats.ledger.total();
+    assert_eq!(
+        (total.consumed, total.completed, total.goodput),
+        (2_000, 2_000, 2_000)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_panicking_on_every_third_message_fails_them_after_demoted_retries() {
+    let broker = MemoryBroker::new();
+    for i in 0..300u32 {
+        broker.publish(i, Criticality::Critical, None);
+    }
+    broker.close();
+    let dead = Arc::new(MemorySink::new());
+    // (message, attempt) -> tier it was served at
+    let calls = Arc::new(Mutex::new(HashMap::new()));
+    let calls2 = Arc::clone(&calls);
+    let mut rt = Runtime::builder(config(4, 512))
+        .dead_letter_sink(Arc::clone(&dead))
+        .start(move |job: Job<u32>| {
+            let calls = Arc::clone(&calls2);
+            async move {
+                calls
+                    .lock()
+                    .insert((*job.payload(), job.attempt()), job.criticality());
+                if job.payload() % 3 == 0 {
+                    panic!("boom on {}", job.payload());
+                }
+                Ok(())
+            }
+        })
+        .unwrap();
+    rt.attach(broker.source());
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+
+    assert!(report.stats.balances(), "{report}");
+    let acks = broker.acks();
+    assert_eq!(acks.failed, 100, "{acks:?}");
+    assert_eq!(acks.completed, 200, "{acks:?}");
+    assert_eq!(dead.len(), 100);
+    let calls = calls.lock();
+    for i in (0..300u32).step_by(3) {
+        // First attempt at Critical, then one level lower per retry, floored at Sheddable.
+        assert_eq!(calls[&(i, 0)], Criticality::Critical);
+        assert_eq!(calls[&(i, 1)], Criticality::High);
+        assert_eq!(calls[&(i, 2)], Criticality::Medium);
+        assert_eq!(calls[&(i, 3)], Criticality::Sheddable);
+        assert!(!calls.contains_key(&(i, 4)), "bounded attempts");
+    }
+    for (payload, info) in dead.items() {
+        assert_eq!(payload % 3, 0);
+        assert_eq!(info.attempt, 3);
+        assert_eq!(info.reason, "panicked");
+        assert_eq!(
+            info.criticality,
+            Criticality::Critical,
+            "original criticality kept"
+        );
+    }
+    let total = report.stats.ledger.total();
+    assert_eq!((total.failed, total.completed), (100, 200));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_error_is_dead_lettered_without_retry() {
+    let broker = MemoryBroker::new();
+    broker.publish(7u32, Criticality::High, None);
+    broker.close();
+    let attempts = Arc::new(AtomicU32::new(0));
+    let a2 = Arc::clone(&attempts);
+    let mut rt = Runtime::builder(config(1, 8))
+        .start(move |_job: Job<u32>| {
+            a2.fetch_add(1, Ordering::Relaxed);
+            async { Err(HandlerError::permanent("malformed")) }
+        })
+        .unwrap();
+    rt.attach(broker.source());
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(attempts.load(Ordering::Relaxed), 1);
+    assert_eq!(broker.disposition(0), Some(Disposition::Failed));
+    assert!(report.stats.balances());
+}
+
+/// A dead-letter sink that is down holds the message unacknowledged until it recovers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_is_acked_only_after_the_dead_letter_sink_confirms() {
+    let broker = MemoryBroker::new();
+    broker.publish(1u32, Criticality::High, None);
+    broker.close();
+    let dead = Arc::new(MemorySink::new());
+    dead.set_failing(true);
+    let mut rt = Runtime::builder(config(1, 8))
+        .dead_letter_sink(Arc::clone(&dead))
+        .start(|_job: Job<u32>| async { Err(HandlerError::permanent("bad")) })
+        .unwrap();
+    rt.attach(broker.source());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        broker.disposition(0),
+        None,
+        "acknowledged before the dead letter was confirmed"
+    );
+    assert_eq!(broker.acks().pending, 1);
+    dead.set_failing(false);
+    rt.wait_idle().await;
+    assert_eq!(broker.disposition(0), Some(Disposition::Failed));
+    assert_eq!(dead.len(), 1);
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances());
+}
+
+fn overload_config(policy: RefusalPolicy) -> RuntimeConfig {
+    let mut c = config(1, 4);
+    c.queue.admission = QueueAgeConfig::disabled();
+    c.policy = PerTier::splat(policy);
+    c.policy.critical = RefusalPolicy::Backpressure;
+    c
+}
+
+/// Waits on a gate so the test controls when the single worker proceeds.
+fn gated(
+    gate: Arc<tokio::sync::Semaphore>,
+) -> impl Fn(
+    Job<u32>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), HandlerError>> + Send>>
+       + Send
+       + Sync
+       + 'static {
+    move |_job| {
+        let gate = Arc::clone(&gate);
+        Box::pin(async move {
+            gate.acquire().await.unwrap().forget();
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_policy_sheds_and_acks_while_critical_backpressures() {
+    let broker = MemoryBroker::new();
+    // Fill: 1 in the handler + 4 queued Sheddable, then 20 more Sheddable and 5 Critical.
+    for i in 0..25u32 {
+        broker.publish(i, Criticality::Sheddable, None);
+    }
+    for i in 25..30u32 {
+        broker.publish(i, Criticality::Critical, None);
+    }
+    broker.close();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut rt = Runtime::builder(overload_config(RefusalPolicy::Drop))
+        .start(gated(Arc::clone(&gate)))
+        .unwrap();
+    rt.attach(broker.source());
+    // Wait until the source is drained into the runtime.
+    while broker.backlog() > 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let acks = broker.acks();
+    // Critical evicts Sheddable; excess Sheddable is refused (full) and dropped with an ack.
+    assert!(acks.shed >= 20, "{acks:?}");
+    assert_eq!(acks.completed, 0);
+    gate.add_permits(1_000);
+    rt.wait_idle().await;
+    let acks = broker.acks();
+    for i in 25..30 {
+        assert_eq!(
+            broker.disposition(i),
+            Some(Disposition::Completed),
+            "critical {i} lost"
+        );
+    }
+    assert_eq!(acks.completed + acks.shed, 30, "{acks:?}");
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    let shed = report.stats.ledger.tier(Criticality::Sheddable).shed;
+    assert_eq!(shed, acks.shed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defer_policy_publishes_then_acks_and_falls_back_to_backpressure_when_the_sink_fails() {
+    let broker = MemoryBroker::new();
+    for i in 0..30u32 {
+        broker.publish(i, Criticality::Sheddable, None);
+    }
+    broker.close();
+    let sink = Arc::new(MemorySink::new());
+    sink.set_failing(true);
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut c = overload_config(RefusalPolicy::Defer);
+    c.max_deferring = 2.try_into().unwrap();
+    let mut rt = Runtime::builder(c)
+        .defer_sink(Arc::clone(&sink))
+        .start(gated(Arc::clone(&gate)))
+        .unwrap();
+    rt.attach(broker.source());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let acks = broker.acks();
+    assert_eq!(acks.deferred, 0, "deferred although the sink refused");
+    assert_eq!(
+        acks.shed, 0,
+        "a Defer tier is never dropped because its sink failed"
+    );
+    assert!(
+        broker.backlog() > 0,
+        "the source kept being pulled while the sink was down"
+    );
+    sink.set_failing(false);
+    gate.add_permits(1_000);
+    rt.wait_idle().await;
+    let acks = broker.acks();
+    assert_eq!(acks.completed + acks.deferred, 30, "{acks:?}");
+    assert_eq!(sink.len() as u64, acks.deferred);
+    assert!(sink
+        .items()
+        .iter()
+        .all(|(_, info)| info.criticality == Criticality::Sheddable));
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn shutdown_returns_within_grace_despite_a_hanging_handler() {
+    let broker = MemoryBroker::new();
+    for i in 0..10u32 {
+        broker.publish(i, Criticality::High, None);
+    }
+    let mut rt = Runtime::builder(config(2, 16))
+        .start(|job: Job<u32>| async move {
+            if *job.payload() == 9 {
+                std::future::pending::<()>().await;
+            }
+            Ok(())
+        })
+        .unwrap();
+    rt.attach(broker.source());
+    while broker.acks().completed < 9 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let grace = Duration::from_secs(10);
+    let report = rt.shutdown(grace).await;
+    assert!(report.grace_exceeded);
+    assert!(
+        report.elapsed <= grace,
+        "took {:?} on the virtual clock",
+        report.elapsed
+    );
+    let acks = broker.acks();
+    assert_eq!(
+        acks.completed, 9,
+        "work finished before shutdown is acknowledged"
+    );
+    assert_eq!(
+        acks.released, 1,
+        "the hanging one is released, never acknowledged"
+    );
+    assert!(report.stats.balances(), "{report}");
+    assert_eq!(report.stats.alive, 0);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn shutdown_releases_queued_work_unacknowledged() {
+    let broker = MemoryBroker::new();
+    for i in 0..50u32 {
+        broker.publish(i, Criticality::Critical, None);
+    }
+    let mut rt = Runtime::builder(config(1, 64))
+        .start(|_job: Job<u32>| async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Ok(())
+        })
+        .unwrap();
+    rt.attach(broker.source());
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let report = rt.shutdown(Duration::from_secs(30)).await;
+    assert!(!report.grace_exceeded);
+    let acks = broker.acks();
+    assert_eq!(acks.completed, 3, "{acks:?}");
+    assert_eq!(acks.released + broker.backlog() as u64, 47, "{acks:?}");
+    assert_eq!(acks.duplicates, 0);
+    assert!(report.stats.balances(), "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_messages_are_never_handled() {
+    let clock = triage::quanta::Clock::new();
+    let broker = MemoryBroker::new();
+    let past = clock.now();
+    for i in 0..100u32 {
+        let deadline = if i % 2 == 0 { Some(past) } else { None };
+        broker.publish(i, Criticality::Medium, deadline);
+    }
+    broker.close();
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let h2 = Arc::clone(&handled);
+    let mut rt = Runtime::builder(config(2, 256))
+        .clock(clock)
+        .start(move |job: Job<u32>| {
+            h2.lock().push(*job.payload());
+            async { Ok(()) }
+        })
+        .unwrap();
+    rt.attach(broker.source());
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(handled.lock().iter().all(|i| i % 2 == 1));
+    assert_eq!(broker.acks().expired, 50);
+    assert_eq!(broker.acks().completed, 50);
+    assert_eq!(report.stats.ledger.tier(Criticality::Medium).expired, 50);
+}
+
+#[test]
+fn invalid_config_names_the_field_and_range() {
+    let cases = [
+        (
+            "[queue.weights]\ncritical = -1\nhigh = 4\nmedium = 2\nsheddable = 1",
+            "weight -1 is out of range: allowed 1..=1000",
+        ),
+        (
+            "[queue.admission.cutoff_ms]\ncritical = 400\nhigh = 500\nmedium = 80\nsheddable = 20",
+            "queue.admission.cutoff_ms.high = 500 is out of range: allowed 1..=400",
+        ),
+        ("[queue]\ncapacity = 0", "capacity"),
+        ("workers = 0", "workers"),
+        (
+            "[retry]\nmax_retries = 1000",
+            "retry.max_retries = 1000 is out of range: allowed 0..=100",
+        ),
+        (
+            "[limit]\nkind = \"aimd\"\nbackoff_ratio = 1.5",
+            "limit.aimd.backoff_ratio",
+        ),
+        (
+            "[queue.admission]\nexit_ratio = 1.0",
+            "queue.admission.exit_ratio = 1 is out of range",
+        ),
+        ("bogus = 1", "unknown field `bogus`"),
+    ];
+    for (text, expected) in cases {
+        let err = RuntimeConfig::from_toml(text).unwrap_err().to_string();
+        assert!(err.contains(expected), "{text:?}: {err}");
+    }
+}
