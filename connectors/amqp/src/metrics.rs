@@ -20,6 +20,7 @@
 //! | `triage_amqp_settle_errors_total` | `queue` | settle frames the client could not send (channel closing); the broker redelivers |
 //! | `triage_amqp_reconnects_total` | `queue` | consumer channels opened after the first one |
 //! | `triage_amqp_connect_failures_total` | `queue` | failed connection or channel set-up attempts |
+//! | `triage_amqp_dropped_buffered_total` | `queue` | deliveries lapin still buffered from a closed channel, dropped unseen (the broker already requeued them) |
 //! | `triage_amqp_published_total` | `queue`, `outcome` | defer and dead-letter publishes: `confirmed`, `nacked`, `returned`, `timeout`, `unavailable` |
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,6 +62,8 @@ pub struct AmqpSourceStats {
     pub reconnects: u64,
     /// Failed connection or set-up attempts.
     pub connect_failures: u64,
+    /// Deliveries still buffered from a channel that had closed, not handed out.
+    pub dropped_buffered: u64,
 }
 
 macro_rules! counters {
@@ -117,6 +120,7 @@ counters! {
     settle_errors => "triage_amqp_settle_errors_total",
     reconnects => "triage_amqp_reconnects_total",
     connect_failures => "triage_amqp_connect_failures_total",
+    dropped_buffered => "triage_amqp_dropped_buffered_total",
 }
 
 /// Why a delivery got the default tier.

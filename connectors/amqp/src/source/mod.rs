@@ -362,6 +362,12 @@ impl AmqpSource {
             };
             match link.consumer.next().await {
                 Some(Ok(delivery)) => {
+                    if !link.channel.status().connected() {
+                        // Buffered by lapin before the channel died: the broker has requeued
+                        // it already, so processing it now would only be duplicate work.
+                        self.metrics.dropped_buffered.incr();
+                        continue;
+                    }
                     if let Some(envelope) = self.envelope(delivery) {
                         return Some(envelope);
                     }
