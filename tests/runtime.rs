@@ -188,15 +188,13 @@ fn overload_config(policy: RefusalPolicy) -> RuntimeConfig {
     c
 }
 
+type BoxedResult =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), HandlerError>> + Send>>;
+
 /// Waits on a gate so the test controls when the single worker proceeds.
 fn gated(
     gate: Arc<tokio::sync::Semaphore>,
-) -> impl Fn(
-    Job<u32>,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), HandlerError>> + Send>>
-       + Send
-       + Sync
-       + 'static {
+) -> impl Fn(Job<u32>) -> BoxedResult + Send + Sync + 'static {
     move |_job| {
         let gate = Arc::clone(&gate);
         Box::pin(async move {
@@ -260,6 +258,7 @@ async fn defer_policy_publishes_then_acks_and_falls_back_to_backpressure_when_th
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let mut c = overload_config(RefusalPolicy::Defer);
     c.max_deferring = 2.try_into().unwrap();
+    c.max_held = 1.try_into().unwrap();
     let mut rt = Runtime::builder(c)
         .defer_sink(Arc::clone(&sink))
         .start(gated(Arc::clone(&gate)))

@@ -415,7 +415,7 @@ impl<P: Eq + Hash + Clone> AckTracker<P> {
         let Some(state) = self.partitions.get_mut(partition) else {
             return false;
         };
-        if state.watermark().map_or(true, |wm| position > wm) {
+        if state.watermark().is_none_or(|wm| position > wm) {
             return false;
         }
         state.committed = Some(state.committed.map_or(position, |c| c.max(position)));

@@ -228,9 +228,4 @@ impl<T> Core<T> {
             shed_level,
         }
     }
-
-    #[cfg(test)]
-    pub(crate) fn tier_items(&self, rank: usize) -> impl Iterator<Item = &Entry<T>> {
-        self.tiers[rank].iter()
-    }
 }

@@ -143,6 +143,10 @@ pub struct RuntimeConfig {
     /// While the defer sink is failing, how long Defer tiers behave as Backpressure before the
     /// sink is tried again, in milliseconds. Allowed `1..=3_600_000`. Default `1000`.
     pub defer_cooldown_ms: u64,
+    /// Messages an intake holds under backpressure while it keeps pulling, per source, so a
+    /// refused message does not block the more critical ones behind it in the same partition.
+    /// When full, the source is paused. Allowed `1..=100_000`. Default `64`.
+    pub max_held: NonZeroUsize,
     /// How often a held (backpressured) message is retried when nothing else wakes it, and how
     /// often gauges are sampled, in milliseconds. Allowed `1..=60_000`. Default `5`.
     pub poll_interval_ms: u64,
@@ -164,6 +168,7 @@ impl Default for RuntimeConfig {
             retry: RetryConfig::default(),
             max_deferring: NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN),
             defer_cooldown_ms: 1000,
+            max_held: NonZeroUsize::new(64).unwrap_or(NonZeroUsize::MIN),
             poll_interval_ms: 5,
         }
     }
@@ -232,6 +237,9 @@ impl RuntimeConfig {
                 self.max_deferring,
                 "1..=100000",
             ));
+        }
+        if self.max_held.get() > 100_000 {
+            return Err(ConfigError::new("max_held", self.max_held, "1..=100000"));
         }
         if !(1..=3_600_000).contains(&self.defer_cooldown_ms) {
             return Err(ConfigError::new(

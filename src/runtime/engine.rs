@@ -69,8 +69,10 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// The refuse path (Drop or Backpressure) allocates nothing and logs nothing: a queue push
     /// that fails on one atomic load, counter increments on pre-registered handles, and the
     /// ack's resolve.
-    pub(crate) fn offer(self: &Arc<Self>, item: Item<T>) -> Offer<T> {
+    pub(crate) fn offer(self: &Arc<Self>, mut item: Item<T>) -> Offer<T> {
         let tier = item.tier();
+        let first_admission = !item.admitted_before;
+        item.admitted_before = true;
         let meta = Meta::new(tier)
             .deadline_opt(item.deadline)
             .size_bytes(item.size_bytes);
@@ -83,7 +85,10 @@ impl<T: Send + Sync + 'static> Inner<T> {
         };
         match self.queue.push(item, meta) {
             Ok(evicted) => {
-                self.accounts.metrics.tiers[tier].admitted.increment(1);
+                if first_admission {
+                    self.accounts.metrics.tiers[tier].admitted.increment(1);
+                    self.accounts.admitted[tier.rank()].fetch_add(1, Ordering::Relaxed);
+                }
                 let mut hold = None;
                 for e in evicted {
                     let victim = e.into_inner();
@@ -111,9 +116,15 @@ impl<T: Send + Sync + 'static> Inner<T> {
                     drop(err.into_inner());
                     return Offer::Taken;
                 }
-                let item = err.into_inner();
+                let mut item = err.into_inner();
+                item.admitted_before = !first_admission;
                 let r = reason_index(reason);
-                self.accounts.metrics.tiers[tier].refused[r].increment(1);
+                if !item.refused_before {
+                    // Count messages, not attempts: a held message is offered again and again.
+                    item.refused_before = true;
+                    self.accounts.metrics.tiers[tier].refused[r].increment(1);
+                    self.accounts.refused[tier.rank()].fetch_add(1, Ordering::Relaxed);
+                }
                 let defer_reason = match reason {
                     RefuseReason::Full | RefuseReason::TooLarge => DeferReason::Full,
                     _ => DeferReason::Overloaded,

@@ -1,7 +1,7 @@
 //! A message inside the runtime: the envelope plus the accounting that makes "exactly one
 //! disposition" structural.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use quanta::Instant;
@@ -19,6 +19,10 @@ pub(crate) struct Accounts {
     /// handler, waiting to retry). Counted by construction and destruction of [`Item`], not
     /// by the ledger, so comparing the two is a real check.
     pub(crate) alive: AtomicI64,
+    /// Messages refused at admission at least once, per tier (rank) they were offered at.
+    pub(crate) refused: [AtomicU64; 4],
+    /// Messages admitted into the queue at least once, per tier (rank) they were queued at.
+    pub(crate) admitted: [AtomicU64; 4],
 }
 
 /// One consumed message. Settled exactly once: [`Item::settle`] records its disposition and
@@ -32,6 +36,10 @@ pub(crate) struct Item<T> {
     pub(crate) size_bytes: usize,
     /// Set by a drain source: refusals hold it rather than deferring it again.
     pub(crate) from_drain: bool,
+    /// Already counted as refused: a held message offered again is not counted twice.
+    pub(crate) refused_before: bool,
+    /// Already counted as admitted: a message evicted and queued again counts once.
+    pub(crate) admitted_before: bool,
     ack: Option<Ack>,
     accounts: Arc<Accounts>,
 }
@@ -49,6 +57,8 @@ impl<T> Item<T> {
             deadline: env.deadline,
             size_bytes: env.size_bytes,
             from_drain,
+            refused_before: false,
+            admitted_before: false,
             ack: Some(env.ack),
             accounts: Arc::clone(accounts),
         }

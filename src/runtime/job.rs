@@ -64,6 +64,27 @@ pub struct Job<T> {
 }
 
 impl<T> Job<T> {
+    /// A job outside any runtime, at attempt 0 and normal load: to unit-test a handler, or to
+    /// call it from another loop.
+    pub fn detached(
+        payload: T,
+        criticality: Criticality,
+        deadline: Option<Instant>,
+        clock: Clock,
+    ) -> Job<T> {
+        let now = clock.now();
+        Job {
+            payload: Arc::new(payload),
+            criticality,
+            original: criticality,
+            attempt: 0,
+            deadline,
+            enqueued_at: now,
+            load: LoadLevel::NORMAL,
+            clock,
+        }
+    }
+
     /// The message.
     pub fn payload(&self) -> &T {
         &self.payload

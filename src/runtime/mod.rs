@@ -163,12 +163,14 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
                     .map_err(|e| ConfigError::new("workers", e.value.clone(), e.allowed.clone()))?,
             ),
         };
-        let limit = ConcurrencyLimit::new(limiter, config.shares.clone());
+        let limit = ConcurrencyLimit::new(limiter, config.shares);
         let queue = WfqQueue::with_clock(config.queue.clone(), self.clock.clone())?;
         let accounts = Arc::new(Accounts {
             ledger: crate::ledger::Ledger::new(),
             metrics: metrics::Metrics::register(),
             alive: AtomicI64::new(0),
+            refused: Default::default(),
+            admitted: Default::default(),
         });
         let inner = Arc::new(Inner {
             queue,
@@ -249,6 +251,8 @@ impl<T: Send + Sync + 'static> Runtime<T> {
             held: inner.held.load(Ordering::Relaxed).max(0) as u64,
             running: inner.limit.in_flight() as u64,
             limit: inner.limit.limit() as u64,
+            refused: per_tier(&inner.accounts.refused),
+            admitted: per_tier(&inner.accounts.admitted),
         }
     }
 
@@ -321,11 +325,17 @@ impl<T: Send + Sync + 'static> Runtime<T> {
                 held: inner.held.load(Ordering::Relaxed).max(0) as u64,
                 running: inner.limit.in_flight() as u64,
                 limit: inner.limit.limit() as u64,
+                refused: per_tier(&inner.accounts.refused),
+                admitted: per_tier(&inner.accounts.admitted),
             },
             grace_exceeded,
             elapsed: started.elapsed(),
         }
     }
+}
+
+fn per_tier(counters: &[AtomicU64; 4]) -> crate::PerTier<u64> {
+    crate::PerTier::from_fn(|t| counters[t.rank()].load(Ordering::Relaxed))
 }
 
 impl<T> std::fmt::Debug for Runtime<T> {

@@ -8,9 +8,10 @@ use crate::queue::QueueStats;
 
 /// A snapshot of the runtime's accounting.
 ///
-/// The invariant `consumed = completed + failed + deferred + expired + shed + released + queued
-/// + in_flight` is checked by [`balances`](RuntimeStats::balances), where `queued + in_flight`
-/// is counted independently of the ledger (by the life of each message inside the runtime).
+/// The invariant
+/// `consumed = completed + failed + deferred + expired + shed + released + queued + in_flight`
+/// is checked by [`balances`](RuntimeStats::balances), where `queued + in_flight` is counted
+/// independently of the ledger (by the life of each message inside the runtime).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RuntimeStats {
     /// Dispositions and consumption per tier (by the criticality the source classified).
@@ -28,6 +29,11 @@ pub struct RuntimeStats {
     pub running: u64,
     /// Current concurrency limit.
     pub limit: u64,
+    /// Messages refused at admission at least once, per tier offered at (counted once per
+    /// message however often a held message is offered again).
+    pub refused: crate::PerTier<u64>,
+    /// Messages admitted into the queue, per tier queued at (counted once per message).
+    pub admitted: crate::PerTier<u64>,
 }
 
 impl RuntimeStats {

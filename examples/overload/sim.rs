@@ -1,0 +1,475 @@
+//! The overload run, shared by `examples/overload` (the CLI) and `tests/overload_short.rs`.
+//!
+//! An in-memory broker is fed at `factor` times the workers' measured capacity with a mix of
+//! tiers, each message carrying a deadline. The same schedule goes through triage and through a
+//! plain bounded FIFO (a naive consumer: pull in order, serve everything), and the outcome is
+//! tallied per message from the generator's side, so the two are judged by the same rules.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use triage::quanta::{Clock, Instant};
+use triage::runtime::{
+    DeferSink, HandlerError, Job, MemoryBroker, Republish, Runtime, RuntimeConfig, RuntimeStats,
+    SinkError,
+};
+use triage::{Criticality, PerTier};
+
+/// What the run is asked to do.
+#[derive(Clone, Debug)]
+pub struct Params {
+    /// Offered load as a multiple of measured capacity.
+    pub factor: f64,
+    /// Share of offered messages per tier, percent, Critical first.
+    pub mix: [u32; 4],
+    /// Length of the overload phase.
+    pub duration: Duration,
+    /// Length of the recovery phase at `recovery_factor`.
+    pub recovery: Duration,
+    /// Offered load during recovery, as a multiple of capacity.
+    pub recovery_factor: f64,
+    /// Worker tasks (and the fixed concurrency limit).
+    pub workers: usize,
+    /// Handler service time.
+    pub service: Duration,
+    /// Queue capacity, items.
+    pub capacity: usize,
+    /// Usefulness window per tier: the deadline is publish time plus this.
+    pub windows: PerTier<Duration>,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            factor: 3.0,
+            mix: [10, 20, 30, 40],
+            duration: Duration::from_secs(8),
+            recovery: Duration::from_secs(4),
+            recovery_factor: 0.5,
+            workers: 8,
+            service: Duration::from_millis(2),
+            capacity: 256,
+            windows: PerTier::new(
+                Duration::from_millis(1000),
+                Duration::from_millis(500),
+                Duration::from_millis(250),
+                Duration::from_millis(100),
+            ),
+        }
+    }
+}
+
+/// A generated message: its id indexes the generator's tally.
+#[derive(Clone, Copy, Debug)]
+pub struct Msg {
+    pub id: u64,
+    pub tier: Criticality,
+    pub deadline: Instant,
+}
+
+/// Per-message outcome, kept by the generator.
+#[derive(Default)]
+struct Tally {
+    /// Completion instant of the first completion, per id.
+    done: Vec<Option<Instant>>,
+    msgs: Vec<Msg>,
+}
+
+/// Outcome per tier of one phase.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TierRow {
+    pub offered: u64,
+    pub admitted: u64,
+    pub goodput: u64,
+    pub completed_late: u64,
+    pub expired: u64,
+    pub evicted: u64,
+    pub refused: u64,
+    pub deferred: u64,
+    pub shed: u64,
+}
+
+impl TierRow {
+    pub fn goodput_share(&self) -> f64 {
+        if self.offered == 0 {
+            1.0
+        } else {
+            self.goodput as f64 / self.offered as f64
+        }
+    }
+}
+
+/// The whole run's result.
+#[derive(Debug)]
+pub struct Outcome {
+    pub capacity_per_s: f64,
+    pub triage: PerTier<TierRow>,
+    pub fifo: PerTier<TierRow>,
+    pub recovery: PerTier<TierRow>,
+    /// Shed level sampled during recovery (first, last).
+    pub recovery_shed_levels: Vec<u8>,
+    pub drained_back: u64,
+    pub broker_lag_after_overload: usize,
+    pub fifo_unserved: u64,
+    pub stats: RuntimeStats,
+    pub balances: bool,
+}
+
+/// Defers into a second in-memory broker, the "deferred topic", drained back when load falls.
+struct DeferToBroker {
+    deferred: MemoryBroker<Msg>,
+}
+
+impl DeferSink<Msg> for DeferToBroker {
+    fn publish<'a>(
+        &'a self,
+        payload: &'a Msg,
+        _info: &'a Republish,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move {
+            // Deferrable work has outlived its interactive deadline; what comes back is
+            // background work with no deadline of its own.
+            self.deferred
+                .publish(*payload, Criticality::Sheddable, None);
+            Ok(())
+        })
+    }
+}
+
+fn tier_of(mix: [u32; 4], x: u32) -> Criticality {
+    let mut acc = 0;
+    for (i, share) in mix.iter().enumerate() {
+        acc += share;
+        if x < acc {
+            return Criticality::ALL[i];
+        }
+    }
+    Criticality::Sheddable
+}
+
+/// Publishes at `rate` msgs/s for `duration` into `broker`.
+async fn generate(
+    clock: &Clock,
+    broker: &MemoryBroker<Msg>,
+    tally: &Mutex<Tally>,
+    rate: f64,
+    duration: Duration,
+    p: &Params,
+    rng: &mut fastrand::Rng,
+) {
+    let total: u32 = p.mix.iter().sum();
+    let start = tokio::time::Instant::now();
+    let mut sent = 0u64;
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    loop {
+        tick.tick().await;
+        let elapsed = start.elapsed();
+        if elapsed >= duration {
+            break;
+        }
+        let due = (elapsed.as_secs_f64() * rate) as u64;
+        while sent < due {
+            let tier = tier_of(p.mix, rng.u32(0..total));
+            let now = clock.now();
+            let msg = {
+                let mut t = tally.lock();
+                let msg = Msg {
+                    id: t.msgs.len() as u64,
+                    tier,
+                    deadline: now + p.windows[tier],
+                };
+                t.msgs.push(msg);
+                t.done.push(None);
+                msg
+            };
+            broker.publish(msg, tier, Some(msg.deadline));
+            sent += 1;
+        }
+    }
+}
+
+fn handler(
+    clock: Clock,
+    service: Duration,
+    tally: Arc<Mutex<Tally>>,
+) -> impl Fn(Job<Msg>) -> futures_util::future::BoxFuture<'static, Result<(), HandlerError>>
+       + Send
+       + Sync
+       + 'static {
+    move |job: Job<Msg>| {
+        let clock = clock.clone();
+        let tally = Arc::clone(&tally);
+        let id = job.payload().id;
+        Box::pin(async move {
+            tokio::time::sleep(service).await;
+            let now = clock.now();
+            let mut t = tally.lock();
+            if let Some(slot) = t.done.get_mut(id as usize) {
+                slot.get_or_insert(now);
+            }
+            Ok(())
+        })
+    }
+}
+
+fn config(p: &Params) -> RuntimeConfig {
+    let mut c = RuntimeConfig {
+        workers: p.workers.try_into().expect("workers > 0"),
+        poll_interval_ms: 1,
+        ..RuntimeConfig::default()
+    };
+    c.queue.capacity = p.capacity.try_into().expect("capacity > 0");
+    c
+}
+
+/// Measures messages/s with every worker busy.
+async fn measure_capacity(p: &Params) -> f64 {
+    let clock = Clock::new();
+    let broker = MemoryBroker::new();
+    let n = (p.workers as f64 / p.service.as_secs_f64()).max(100.0) as u64;
+    let far = clock.now() + Duration::from_secs(3600);
+    for id in 0..n {
+        broker.publish(
+            Msg {
+                id,
+                tier: Criticality::Critical,
+                deadline: far,
+            },
+            Criticality::Critical,
+            None,
+        );
+    }
+    broker.close();
+    let tally = Arc::new(Mutex::new(Tally {
+        done: vec![None; n as usize],
+        msgs: Vec::new(),
+    }));
+    let mut rt = Runtime::builder(config(p))
+        .clock(clock.clone())
+        .start(handler(clock, p.service, tally))
+        .expect("valid config");
+    let start = tokio::time::Instant::now();
+    rt.attach(broker.source());
+    rt.wait_idle().await;
+    let elapsed = start.elapsed();
+    let _ = rt.shutdown(Duration::from_secs(5)).await;
+    n as f64 / elapsed.as_secs_f64()
+}
+
+fn rows_from_tally(t: &Tally, range: std::ops::Range<usize>) -> PerTier<TierRow> {
+    let mut rows = PerTier::<TierRow>::default();
+    for m in &t.msgs[range] {
+        let r = &mut rows[m.tier];
+        r.offered += 1;
+        match t.done[m.id as usize] {
+            Some(at) if at <= m.deadline => r.goodput += 1,
+            Some(_) => r.completed_late += 1,
+            None => {}
+        }
+    }
+    rows
+}
+
+fn diff_stats(rows: &mut PerTier<TierRow>, before: &RuntimeStats, after: &RuntimeStats) {
+    for tier in Criticality::ALL {
+        let (b, a) = (before.ledger.tier(tier), after.ledger.tier(tier));
+        let (qb, qa) = (before.queue.tier(tier), after.queue.tier(tier));
+        let r = &mut rows[tier];
+        r.expired = a.expired - b.expired;
+        r.deferred = a.deferred - b.deferred;
+        r.shed = a.shed - b.shed;
+        r.evicted = qa.evicted - qb.evicted;
+        r.refused = after.refused[tier] - before.refused[tier];
+        r.admitted = after.admitted[tier] - before.admitted[tier];
+    }
+}
+
+/// Runs capacity measurement, the overload phase, recovery, and the FIFO comparison.
+pub async fn run(p: &Params) -> Outcome {
+    let capacity_per_s = measure_capacity(p).await;
+    let clock = Clock::new();
+    let mut rng = fastrand::Rng::with_seed(7);
+
+    // triage
+    let broker = MemoryBroker::new();
+    let deferred = MemoryBroker::new();
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let mut rt = Runtime::builder(config(p))
+        .clock(clock.clone())
+        .defer_sink(Arc::new(DeferToBroker {
+            deferred: deferred.clone(),
+        }))
+        .start(handler(clock.clone(), p.service, Arc::clone(&tally)))
+        .expect("valid config");
+    rt.attach(broker.source());
+    rt.attach_drain(deferred.source());
+    let s0 = rt.stats();
+    generate(
+        &clock,
+        &broker,
+        &tally,
+        capacity_per_s * p.factor,
+        p.duration,
+        p,
+        &mut rng,
+    )
+    .await;
+    let overload_end = tally.lock().msgs.len();
+    let broker_lag_after_overload = broker.backlog();
+    let s1 = rt.stats();
+
+    // recovery: load falls, nothing is reconfigured
+    let recovery_rate = capacity_per_s * p.recovery_factor;
+    let mut levels = Vec::new();
+    {
+        let gen = generate(
+            &clock,
+            &broker,
+            &tally,
+            recovery_rate,
+            p.recovery,
+            p,
+            &mut rng,
+        );
+        tokio::pin!(gen);
+        let mut every = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tokio::select! {
+                () = &mut gen => break,
+                _ = every.tick() => levels.push(rt.load().shed_tiers()),
+            }
+        }
+    }
+    let recovery_end = tally.lock().msgs.len();
+    // Give the tail of recovery (and the drained deferred work) time to finish.
+    broker.close();
+    let settle = tokio::time::Instant::now();
+    while (broker.backlog() > 0 || deferred.backlog() > 0 || rt.stats().alive > 0)
+        && settle.elapsed() < Duration::from_secs(20)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let s2 = rt.stats();
+    deferred.close();
+    let report = rt.shutdown(Duration::from_secs(10)).await;
+
+    let (mut triage_rows, mut recovery_rows) = {
+        let t = tally.lock();
+        (
+            rows_from_tally(&t, 0..overload_end),
+            rows_from_tally(&t, overload_end..recovery_end),
+        )
+    };
+    diff_stats(&mut triage_rows, &s0, &s1);
+    diff_stats(&mut recovery_rows, &s1, &s2);
+    let drained_back = deferred.acks().completed;
+
+    // the plain FIFO: same load, same handler, a bounded channel and no priorities
+    let fifo_broker = MemoryBroker::new();
+    let fifo_tally = Arc::new(Mutex::new(Tally::default()));
+    let (tx, rx) = async_channel::bounded::<Msg>(p.capacity);
+    let mut workers = Vec::new();
+    for _ in 0..p.workers {
+        let rx = rx.clone();
+        let h = handler(clock.clone(), p.service, Arc::clone(&fifo_tally));
+        let clock = clock.clone();
+        workers.push(tokio::spawn(async move {
+            while let Ok(m) = rx.recv().await {
+                let job_handler = &h;
+                let _ = clock.now();
+                let _ = job_handler(fake_job(m, &clock)).await;
+            }
+        }));
+    }
+    let puller = {
+        let mut source = fifo_broker.source();
+        tokio::spawn(async move {
+            use triage::runtime::Source;
+            while let Some(env) = source.next().await {
+                let m = env.payload;
+                env.ack.resolve(triage::ledger::Disposition::Completed);
+                if tx.send(m).await.is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    let mut rng = fastrand::Rng::with_seed(7);
+    generate(
+        &clock,
+        &fifo_broker,
+        &fifo_tally,
+        capacity_per_s * p.factor,
+        p.duration,
+        p,
+        &mut rng,
+    )
+    .await;
+    puller.abort();
+    rx.close();
+    for w in workers {
+        w.abort();
+    }
+    let (fifo_rows, fifo_unserved) = {
+        let t = fifo_tally.lock();
+        let n = t.msgs.len();
+        let rows = rows_from_tally(&t, 0..n);
+        let unserved = t.done.iter().filter(|d| d.is_none()).count() as u64;
+        (rows, unserved)
+    };
+
+    Outcome {
+        capacity_per_s,
+        triage: triage_rows,
+        fifo: fifo_rows,
+        recovery: recovery_rows,
+        recovery_shed_levels: levels,
+        drained_back,
+        broker_lag_after_overload,
+        fifo_unserved,
+        stats: report.stats,
+        balances: report.stats.balances(),
+    }
+}
+
+/// The FIFO consumer has no runtime; it calls the same handler with a stand-in job.
+fn fake_job(m: Msg, clock: &Clock) -> Job<Msg> {
+    triage::runtime::Job::detached(m, m.tier, Some(m.deadline), clock.clone())
+}
+
+/// Renders one phase as a table.
+pub fn table(title: &str, rows: &PerTier<TierRow>) -> String {
+    let mut out = format!(
+        "{title}\n{:<10} {:>8} {:>8} {:>8} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
+        "tier",
+        "offered",
+        "admitted",
+        "goodput",
+        "share",
+        "late",
+        "expired",
+        "evicted",
+        "refused",
+        "deferred"
+    );
+    for (tier, r) in rows.iter() {
+        out.push_str(&format!(
+            "{:<10} {:>8} {:>8} {:>8} {:>6.1}% {:>8} {:>8} {:>8} {:>8} {:>8}\n",
+            tier.as_str(),
+            r.offered,
+            r.admitted,
+            r.goodput,
+            100.0 * r.goodput_share(),
+            r.completed_late,
+            r.expired,
+            r.evicted,
+            r.refused,
+            r.deferred,
+        ));
+    }
+    out
+}

@@ -1,0 +1,50 @@
+//! A short form of `examples/overload`: the same run, seconds long, asserting the ledger
+//! balance and the ordering of goodput by tier. No wall-clock thresholds: only ratios of counts
+//! from the same run.
+
+#[path = "../examples/overload/sim.rs"]
+mod sim;
+
+use std::time::Duration;
+
+use triage::Criticality;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_x_overload_keeps_critical_goodput_and_the_ledger_balanced() {
+    let params = sim::Params {
+        duration: Duration::from_secs(3),
+        recovery: Duration::from_secs(2),
+        ..sim::Params::default()
+    };
+    let out = sim::run(&params).await;
+    println!("{}", sim::table("triage", &out.triage));
+    println!("{}", sim::table("fifo", &out.fifo));
+    println!("{}", out.stats);
+
+    assert!(out.balances, "ledger does not balance:\n{}", out.stats);
+    assert_eq!(out.stats.alive, 0);
+    let t = out.stats.ledger.total();
+    assert_eq!(t.consumed, t.settled() + t.released);
+
+    // Goodput share is ordered by tier: Critical >= High >= Medium >= Sheddable.
+    let share = |c: Criticality| out.triage[c].goodput_share();
+    assert!(share(Criticality::Critical) >= share(Criticality::High));
+    assert!(share(Criticality::High) >= share(Criticality::Medium));
+    assert!(share(Criticality::Medium) >= share(Criticality::Sheddable));
+    // Sheddable is what gives way, and Critical does better than under a plain FIFO.
+    assert!(share(Criticality::Sheddable) < 0.5);
+    assert!(share(Criticality::Critical) > out.fifo[Criticality::Critical].goodput_share());
+    // Recovery: once load falls, every tier is admitted again with no manual step.
+    assert_eq!(
+        out.recovery_shed_levels.last(),
+        Some(&0),
+        "{:?}",
+        out.recovery_shed_levels
+    );
+    for tier in Criticality::ALL {
+        assert!(
+            out.recovery[tier].admitted > 0,
+            "{tier} not admitted during recovery"
+        );
+    }
+}
