@@ -1,0 +1,180 @@
+//! Consumer throughput against one RabbitMQ queue, in one process:
+//!
+//! 1. `plain`: a plain lapin consumer acking each delivery (`delivery.ack` awaited);
+//! 2. `source`: [`AmqpSource`] with each envelope resolved `Completed` at once;
+//! 3. `runtime`: [`AmqpSource`] under the triage [`Runtime`] with a no-op handler.
+//!
+//! Same prefetch (1,000), same message count and size, the queue refilled before each run.
+//! A timed harness rather than criterion: one run is a whole queue drain against a broker,
+//! not a microsecond loop. Needs the broker (`tests/brokers/rabbitmq.sh start`).
+//!
+//! `cargo bench -p triage-amqp --bench consume` (`BENCH_MESSAGES` overrides the count).
+
+use std::num::NonZeroUsize;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use triage::ledger::Disposition;
+use triage::queue::WfqConfig;
+use triage::runtime::{HandlerError, Job, Runtime, RuntimeConfig, Source};
+use triage_amqp::{AmqpMessage, AmqpSource, AmqpSourceConfig};
+
+const URI: &str = "amqp://127.0.0.1:5672/%2f";
+const PREFETCH: u16 = 1_000;
+const BODY: usize = 128;
+
+async fn connect() -> Connection {
+    let props = ConnectionProperties::default()
+        .with_executor(tokio_executor_trait::Tokio::current())
+        .with_reactor(tokio_reactor_trait::Tokio::current());
+    Connection::connect(URI, props).await.expect("broker up")
+}
+
+async fn fill(ch: &Channel, queue: &str, n: usize) {
+    let body = vec![1u8; BODY];
+    for start in (0..n).step_by(5_000) {
+        for _ in start..(start + 5_000).min(n) {
+            ch.basic_publish(
+                "",
+                queue,
+                BasicPublishOptions::default(),
+                &body,
+                BasicProperties::default().with_priority(5),
+            )
+            .await
+            .expect("publish");
+        }
+        ch.wait_for_confirms().await.expect("confirms");
+    }
+}
+
+async fn plain(queue: &str, n: usize) -> Duration {
+    let conn = connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    ch.basic_qos(PREFETCH, BasicQosOptions { global: false })
+        .await
+        .expect("qos");
+    let start = Instant::now();
+    let mut consumer = ch
+        .basic_consume(
+            queue,
+            "",
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    for _ in 0..n {
+        let d = consumer.next().await.expect("delivery").expect("ok");
+        d.ack(BasicAckOptions::default()).await.expect("ack");
+    }
+    let took = start.elapsed();
+    let _ = conn.close(200, "done").await;
+    took
+}
+
+fn source_config(queue: &str) -> AmqpSourceConfig {
+    let mut c = AmqpSourceConfig::new(URI, queue);
+    c.prefetch = PREFETCH;
+    c.declare.enabled = false;
+    c
+}
+
+async fn source(queue: &str, n: usize) -> Duration {
+    let start = Instant::now();
+    let mut source = AmqpSource::connect(source_config(queue), NonZeroUsize::new(1_024).unwrap())
+        .await
+        .expect("source");
+    for _ in 0..n {
+        source
+            .next()
+            .await
+            .expect("delivery")
+            .ack
+            .resolve(Disposition::Completed);
+    }
+    source.shutdown().await;
+    start.elapsed()
+}
+
+async fn runtime(queue: &str, n: usize) -> Duration {
+    let start = Instant::now();
+    let source = AmqpSource::connect(source_config(queue), NonZeroUsize::new(1_024).unwrap())
+        .await
+        .expect("source");
+    let config = RuntimeConfig {
+        queue: WfqConfig::with_capacity(1_024),
+        ..RuntimeConfig::default()
+    };
+    let mut rt = Runtime::builder(config)
+        .start(|_job: Job<AmqpMessage>| async { Ok::<(), HandlerError>(()) })
+        .expect("runtime");
+    rt.attach(source);
+    while rt.stats().ledger.total().completed < n as u64 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let took = start.elapsed();
+    rt.shutdown(Duration::from_secs(10)).await;
+    took
+}
+
+fn main() {
+    let n: usize = std::env::var("BENCH_MESSAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio");
+    rt.block_on(async {
+        let conn = connect().await;
+        let ch = conn.create_channel().await.expect("channel");
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .expect("confirm");
+        let queue = format!("triage-bench-{:016x}", fastrand::u64(..));
+        ch.queue_declare(&queue, QueueDeclareOptions::default(), FieldTable::default())
+            .await
+            .expect("declare");
+        println!("consume {n} messages of {BODY} B, prefetch {PREFETCH}");
+        let mut rates = Vec::new();
+        for round in 0..2 {
+            for (name, kind) in [("plain", 0), ("source", 1), ("runtime", 2)] {
+                fill(&ch, &queue, n).await;
+                let took = match kind {
+                    0 => plain(&queue, n).await,
+                    1 => source(&queue, n).await,
+                    _ => runtime(&queue, n).await,
+                };
+                let rate = n as f64 / took.as_secs_f64();
+                println!("round {round} {name:>8}: {took:>10.3?}  {rate:>9.0} msg/s");
+                rates.push((name, rate));
+            }
+        }
+        let best = |name: &str| {
+            rates
+                .iter()
+                .filter(|(n, _)| *n == name)
+                .map(|(_, r)| *r)
+                .fold(0.0, f64::max)
+        };
+        let plain = best("plain");
+        println!(
+            "best: plain {plain:.0} msg/s, source {:.0} msg/s ({:.0}%), runtime {:.0} msg/s ({:.0}%)",
+            best("source"),
+            100.0 * best("source") / plain,
+            best("runtime"),
+            100.0 * best("runtime") / plain
+        );
+        let _ = ch.queue_delete(&queue, QueueDeleteOptions::default()).await;
+        let _ = conn.close(200, "done").await;
+    });
+}

@@ -1,0 +1,273 @@
+//! Criticality, attempt and deadline of a delivery, from its properties and headers only.
+//!
+//! The body is never read: deciding must cost next to nothing (DESIGN.md §1), and the body
+//! is whatever the least trusted publisher sent. Every input is treated as hostile: wrong
+//! types, huge numbers and invalid UTF-8 give the default, never a panic.
+
+use lapin::types::AMQPValue;
+use lapin::BasicProperties;
+use triage::Criticality;
+
+use super::config::{ClassifyConfig, DeadlineConfig};
+use crate::metrics::Unclassified;
+
+/// What the classifier read from one delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Classified {
+    pub(crate) criticality: Criticality,
+    /// Set when `criticality` is the default tier, with why.
+    pub(crate) unclassified: Option<Unclassified>,
+    pub(crate) attempt: u32,
+    /// Absolute deadline, Unix milliseconds.
+    pub(crate) deadline_unix_ms: Option<u64>,
+}
+
+/// The classification rules of one source, resolved once from its config.
+#[derive(Clone, Debug)]
+pub(crate) struct Classifier {
+    classify: ClassifyConfig,
+    deadline: DeadlineConfig,
+    /// Whether the consumed queue is in `trusted_queues`: decided once, not per message.
+    trusted: bool,
+}
+
+impl Classifier {
+    pub(crate) fn new(classify: ClassifyConfig, deadline: DeadlineConfig, queue: &str) -> Self {
+        let trusted = classify.trusted_queues.iter().any(|q| q == queue);
+        Classifier {
+            classify,
+            deadline,
+            trusted,
+        }
+    }
+
+    /// Classifies a delivery received at `now_unix_ms`.
+    pub(crate) fn classify(&self, props: &BasicProperties, now_unix_ms: u64) -> Classified {
+        let headers = props.headers().as_ref();
+        let header = |name: &str| headers.and_then(|h| h.inner().get(name));
+
+        let (criticality, unclassified) = match (
+            self.trusted
+                .then(|| header(&self.classify.header))
+                .flatten(),
+            *props.priority(),
+        ) {
+            (Some(value), _) => match tier_from_value(value) {
+                Ok(c) => (c, None),
+                Err(reason) => (self.classify.default_tier, Some(reason)),
+            },
+            (None, Some(priority)) => (self.classify.priority.map(priority), None),
+            (None, None) => (self.classify.default_tier, Some(Unclassified::Missing)),
+        };
+
+        let attempt = header(&self.classify.attempt_header)
+            .and_then(integer)
+            .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
+
+        let deadline_unix_ms = header(&self.deadline.header)
+            .and_then(integer)
+            .or_else(|| self.derived_deadline(props, criticality, now_unix_ms));
+
+        Classified {
+            criticality,
+            unclassified,
+            attempt,
+            deadline_unix_ms,
+        }
+    }
+
+    fn derived_deadline(
+        &self,
+        props: &BasicProperties,
+        criticality: Criticality,
+        now_unix_ms: u64,
+    ) -> Option<u64> {
+        // AMQP timestamps are seconds.
+        let sent_ms = props.timestamp().map(|s| s.saturating_mul(1_000));
+        let window = self.deadline.timestamp_window_ms[criticality];
+        let from_window = sent_ms.zip(window).map(|(t, w)| t.saturating_add(w));
+        let from_ttl = if self.deadline.use_expiration {
+            props
+                .expiration()
+                .as_ref()
+                .and_then(|e| e.as_str().trim().parse::<u64>().ok())
+                .map(|ttl| sent_ms.unwrap_or(now_unix_ms).saturating_add(ttl))
+        } else {
+            None
+        };
+        match (from_window, from_ttl) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+fn tier_from_value(value: &AMQPValue) -> Result<Criticality, Unclassified> {
+    let bytes = match value {
+        AMQPValue::LongString(s) => s.as_bytes(),
+        AMQPValue::ShortString(s) => s.as_str().as_bytes(),
+        AMQPValue::ByteArray(b) => b.as_slice(),
+        _ => return Err(Unclassified::Malformed),
+    };
+    if std::str::from_utf8(bytes).is_err() {
+        return Err(Unclassified::Malformed);
+    }
+    Criticality::from_bytes(bytes).map_err(|_| Unclassified::Unknown)
+}
+
+/// A non-negative integer from any AMQP integer type or a decimal string.
+fn integer(value: &AMQPValue) -> Option<u64> {
+    let signed = |n: i64| u64::try_from(n).ok();
+    match value {
+        AMQPValue::ShortShortUInt(n) => Some(u64::from(*n)),
+        AMQPValue::ShortUInt(n) => Some(u64::from(*n)),
+        AMQPValue::LongUInt(n) => Some(u64::from(*n)),
+        AMQPValue::Timestamp(n) => Some(*n),
+        AMQPValue::ShortShortInt(n) => signed(i64::from(*n)),
+        AMQPValue::ShortInt(n) => signed(i64::from(*n)),
+        AMQPValue::LongInt(n) => signed(i64::from(*n)),
+        AMQPValue::LongLongInt(n) => signed(*n),
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok()?.trim().parse().ok(),
+        AMQPValue::ShortString(s) => s.as_str().trim().parse().ok(),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::types::{FieldTable, LongString};
+
+    use super::*;
+
+    fn classifier(trusted: bool) -> Classifier {
+        let mut c = ClassifyConfig::default();
+        if trusted {
+            c.trusted_queues.push("q".into());
+        }
+        let mut d = DeadlineConfig::default();
+        d.timestamp_window_ms.critical = Some(400);
+        Classifier::new(c, d, "q")
+    }
+
+    fn with_header(name: &str, value: AMQPValue) -> BasicProperties {
+        let mut h = FieldTable::default();
+        h.insert(name.into(), value);
+        BasicProperties::default().with_headers(h)
+    }
+
+    fn text(s: &str) -> AMQPValue {
+        AMQPValue::LongString(LongString::from(s))
+    }
+
+    #[test]
+    fn priority_bands_by_default() {
+        let c = classifier(false);
+        let tiers: Vec<_> = [0u8, 2, 3, 4, 5, 7, 8, 255]
+            .iter()
+            .map(|&p| {
+                c.classify(&BasicProperties::default().with_priority(p), 0)
+                    .criticality
+            })
+            .collect();
+        use Criticality::*;
+        assert_eq!(
+            tiers,
+            [Sheddable, Sheddable, Medium, Medium, High, High, Critical, Critical]
+        );
+    }
+
+    #[test]
+    fn header_only_on_trusted_queues() {
+        let props = with_header("triage-criticality", text("Critical")).with_priority(0);
+        assert_eq!(
+            classifier(true).classify(&props, 0).criticality,
+            Criticality::Critical
+        );
+        assert_eq!(
+            classifier(false).classify(&props, 0).criticality,
+            Criticality::Sheddable
+        );
+    }
+
+    #[test]
+    fn missing_unknown_and_malformed_get_the_default_and_a_reason() {
+        let c = classifier(true);
+        let cases = [
+            (BasicProperties::default(), Unclassified::Missing),
+            (
+                with_header("triage-criticality", text("urgent")),
+                Unclassified::Unknown,
+            ),
+            (
+                with_header("triage-criticality", AMQPValue::LongInt(3)),
+                Unclassified::Malformed,
+            ),
+            (
+                with_header(
+                    "triage-criticality",
+                    AMQPValue::LongString(LongString::from(vec![0xff, 0xfe])),
+                ),
+                Unclassified::Malformed,
+            ),
+        ];
+        for (props, reason) in cases {
+            let out = c.classify(&props, 0);
+            assert_eq!(out.criticality, Criticality::Medium);
+            assert_eq!(out.unclassified, Some(reason));
+        }
+    }
+
+    #[test]
+    fn deadline_header_then_timestamp_window_then_expiration() {
+        let c = classifier(false);
+        let explicit = with_header("triage-deadline-ms", AMQPValue::LongLongInt(1_234))
+            .with_timestamp(10)
+            .with_priority(9);
+        assert_eq!(c.classify(&explicit, 0).deadline_unix_ms, Some(1_234));
+        let as_text = with_header("triage-deadline-ms", text(" 99 "));
+        assert_eq!(c.classify(&as_text, 0).deadline_unix_ms, Some(99));
+
+        // Critical window 400 ms after a timestamp of 10 s.
+        let ts = BasicProperties::default()
+            .with_timestamp(10)
+            .with_priority(9);
+        assert_eq!(c.classify(&ts, 0).deadline_unix_ms, Some(10_400));
+        // Medium has no window: no deadline from the timestamp alone.
+        let medium = BasicProperties::default()
+            .with_timestamp(10)
+            .with_priority(3);
+        assert_eq!(c.classify(&medium, 0).deadline_unix_ms, None);
+        // The expiration counts from the timestamp, and the earliest wins.
+        let both = ts.clone().with_expiration("100".into());
+        assert_eq!(c.classify(&both, 0).deadline_unix_ms, Some(10_100));
+        // Without a timestamp, from receipt.
+        let ttl = BasicProperties::default().with_expiration("250".into());
+        assert_eq!(c.classify(&ttl, 5_000).deadline_unix_ms, Some(5_250));
+    }
+
+    #[test]
+    fn hostile_numbers_never_panic() {
+        let c = classifier(true);
+        for v in [
+            AMQPValue::LongLongInt(-1),
+            AMQPValue::LongLongInt(i64::MAX),
+            AMQPValue::Timestamp(u64::MAX),
+            text("-5"),
+            text("1e9"),
+            AMQPValue::Void,
+            AMQPValue::Double(1.5),
+        ] {
+            let mut h = FieldTable::default();
+            h.insert("triage-deadline-ms".into(), v.clone());
+            h.insert("triage-attempt".into(), v);
+            let props = BasicProperties::default()
+                .with_headers(h)
+                .with_timestamp(u64::MAX)
+                .with_expiration("18446744073709551615".into());
+            // Must not panic; the values themselves are whatever saturation gives.
+            let _ = c.classify(&props, u64::MAX);
+        }
+        let big = with_header("triage-attempt", AMQPValue::LongLongInt(i64::MAX));
+        assert_eq!(c.classify(&big, 0).attempt, u32::MAX);
+    }
+}

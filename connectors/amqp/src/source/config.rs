@@ -1,0 +1,383 @@
+//! Configuration of [`AmqpSource`](super::AmqpSource).
+
+use serde::{Deserialize, Serialize};
+use triage::{ConfigError, Criticality, PerTier};
+
+use crate::ReconnectConfig;
+
+/// Configuration of an [`AmqpSource`](crate::AmqpSource): where to consume, how to classify,
+/// how much to prefetch.
+///
+/// Every field has a default, so a config file names only what it changes; only `queue` has
+/// no usable default.
+///
+/// # Examples
+///
+/// ```
+/// use triage::Criticality;
+/// use triage_amqp::AmqpSourceConfig;
+///
+/// let config: AmqpSourceConfig = toml::from_str(r#"
+///     queue = "orders"
+///     prefetch = 200
+///     [classify]
+///     trusted_queues = ["orders"]
+/// "#)?;
+/// assert_eq!(config.prefetch, 200);
+/// assert_eq!(config.classify.default_tier, Criticality::Medium);
+/// config.validate(1_000)?;
+/// // The runtime's queue holds 100 envelopes: a prefetch of 200 could not be taken in.
+/// let err = config.validate(100).unwrap_err();
+/// assert_eq!(err.field(), "prefetch");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AmqpSourceConfig {
+    /// AMQP URI of the broker. Default `amqp://127.0.0.1:5672/%2f` (guest on the default
+    /// vhost).
+    pub uri: String,
+    /// Queue to consume. Default empty, which [`validate`](Self::validate) refuses.
+    pub queue: String,
+    /// Whether and how to declare the queue before consuming. Default: declare it durable,
+    /// no arguments.
+    pub declare: QueueDeclareConfig,
+    /// `basic.qos` prefetch count: deliveries the broker sends before waiting for an ack.
+    /// Default 100. Must be in `1..=queue_capacity` (the runtime queue's capacity), so that a
+    /// broker backlog never floods the process and RabbitMQ keeps applying its own
+    /// priorities to what is still in the queue.
+    pub prefetch: u16,
+    /// How deliveries are given a criticality.
+    pub classify: ClassifyConfig,
+    /// How deliveries are given a deadline.
+    pub deadline: DeadlineConfig,
+    /// Largest body accepted, in bytes. Default 16 MiB. Larger deliveries are rejected
+    /// (`basic.reject`, `requeue = false`, to the queue's dead-letter exchange) without
+    /// reaching the runtime, and counted in `triage_amqp_oversize_total`.
+    pub max_payload_bytes: usize,
+    /// Whether the runtime dead-letters failed messages itself through a
+    /// [`DeadLetterSink`](triage::runtime::DeadLetterSink). Default `false`.
+    ///
+    /// `false`: a `Failed` disposition is settled with `basic.reject(requeue = false)`, which
+    /// RabbitMQ routes to the queue's dead-letter exchange (`x-dead-letter-exchange`;
+    /// without one the message is discarded). `true`: the runtime resolves `Failed` only
+    /// after the sink's publish was confirmed, so the delivery is simply acked; a reject
+    /// would dead-letter it twice.
+    pub dead_letter_via_sink: bool,
+    /// Connection name shown by the broker (`rabbitmqctl list_connections
+    /// client_properties`). Default `triage-amqp/<queue>`.
+    pub connection_name: Option<String>,
+    /// Retry schedule after a lost connection or channel.
+    pub reconnect: ReconnectConfig,
+    /// Bound on [`shutdown`](triage::runtime::Source::shutdown): time to send the pending
+    /// settlements and close the channel, in milliseconds. Default 5,000. Past it the
+    /// connection is dropped; whatever was not acked is redelivered.
+    pub shutdown_timeout_ms: u64,
+}
+
+impl Default for AmqpSourceConfig {
+    fn default() -> Self {
+        AmqpSourceConfig {
+            uri: "amqp://127.0.0.1:5672/%2f".to_owned(),
+            queue: String::new(),
+            declare: QueueDeclareConfig::default(),
+            prefetch: 100,
+            classify: ClassifyConfig::default(),
+            deadline: DeadlineConfig::default(),
+            max_payload_bytes: 16 * 1024 * 1024,
+            dead_letter_via_sink: false,
+            connection_name: None,
+            reconnect: ReconnectConfig::default(),
+            shutdown_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl AmqpSourceConfig {
+    /// A default configuration consuming `queue` at `uri`.
+    pub fn new(uri: impl Into<String>, queue: impl Into<String>) -> Self {
+        AmqpSourceConfig {
+            uri: uri.into(),
+            queue: queue.into(),
+            ..AmqpSourceConfig::default()
+        }
+    }
+
+    /// Checks every range, with the prefetch bounded by the capacity of the runtime queue the
+    /// source feeds (in envelopes).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the first field out of range: `queue` (empty), `prefetch`
+    /// (outside `1..=min(queue_capacity, 65535)`), `max_payload_bytes` (0),
+    /// `classify.priority.*` (not increasing), `shutdown_timeout_ms` (0 or above 10 min),
+    /// `reconnect.*`.
+    pub fn validate(&self, queue_capacity: usize) -> Result<(), ConfigError> {
+        if self.queue.is_empty() {
+            return Err(ConfigError::new("queue", "\"\"", "a non-empty queue name"));
+        }
+        let max_prefetch = queue_capacity.min(usize::from(u16::MAX));
+        if self.prefetch == 0 || usize::from(self.prefetch) > max_prefetch {
+            return Err(ConfigError::new(
+                "prefetch",
+                self.prefetch,
+                format!("1..={max_prefetch} (the runtime queue's capacity)"),
+            ));
+        }
+        if self.max_payload_bytes == 0 {
+            return Err(ConfigError::new("max_payload_bytes", 0, "1.."));
+        }
+        self.classify
+            .priority
+            .validate()
+            .map_err(|e| e.within("classify.priority"))?;
+        if self.shutdown_timeout_ms == 0 || self.shutdown_timeout_ms > 600_000 {
+            return Err(ConfigError::new(
+                "shutdown_timeout_ms",
+                self.shutdown_timeout_ms,
+                "1..=600000",
+            ));
+        }
+        self.reconnect.validate().map_err(|e| e.within("reconnect"))
+    }
+
+    pub(crate) fn connection_name(&self) -> String {
+        self.connection_name
+            .clone()
+            .unwrap_or_else(|| format!("triage-amqp/{}", self.queue))
+    }
+}
+
+/// Whether and how the source declares its queue.
+///
+/// A declare with arguments different from the existing queue's fails with
+/// `PRECONDITION_FAILED`; turn `enabled` off to consume a queue managed elsewhere.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueueDeclareConfig {
+    /// Declare the queue before consuming. Default `true`.
+    pub enabled: bool,
+    /// Survives a broker restart. Default `true`.
+    pub durable: bool,
+    /// `x-max-priority`: makes it a priority queue with levels `0..=max_priority`. Default
+    /// none (a plain FIFO queue).
+    pub max_priority: Option<u8>,
+    /// `x-dead-letter-exchange`: where rejected (failed) deliveries go. Default none.
+    pub dead_letter_exchange: Option<String>,
+    /// `x-dead-letter-routing-key`. Default none (the message's own routing key).
+    pub dead_letter_routing_key: Option<String>,
+}
+
+impl Default for QueueDeclareConfig {
+    fn default() -> Self {
+        QueueDeclareConfig {
+            enabled: true,
+            durable: true,
+            max_priority: None,
+            dead_letter_exchange: None,
+            dead_letter_routing_key: None,
+        }
+    }
+}
+
+/// How a delivery is given its criticality, from its properties and headers only.
+///
+/// In order: on a queue listed in `trusted_queues`, the `header` (a tier name, any ASCII
+/// case); otherwise, or without that header, the AMQP `priority` property through
+/// `priority`; otherwise `default_tier`. A trusted header that names no tier, or is not a
+/// string, also gives `default_tier`. Every use of `default_tier` is counted in
+/// `triage_amqp_unclassified_total{reason}` with `missing`, `unknown` or `malformed`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClassifyConfig {
+    /// Priority bands. Default `0..=2` Sheddable, `3..=4` Medium, `5..=7` High, `8..=255`
+    /// Critical.
+    pub priority: PriorityMapping,
+    /// Header carrying a tier name. Default `triage-criticality`.
+    pub header: String,
+    /// Queues whose publishers are trusted to set `header`. Default none: anyone who can
+    /// publish could otherwise make their messages critical.
+    pub trusted_queues: Vec<String>,
+    /// Tier of deliveries with no usable label. Default `medium`.
+    pub default_tier: Criticality,
+    /// Header carrying the retry count set by triage when it re-publishes (a non-negative
+    /// integer). Default `triage-attempt`. Honoured on every queue: it can only demote.
+    pub attempt_header: String,
+}
+
+impl Default for ClassifyConfig {
+    fn default() -> Self {
+        ClassifyConfig {
+            priority: PriorityMapping::default(),
+            header: "triage-criticality".to_owned(),
+            trusted_queues: Vec::new(),
+            default_tier: Criticality::Medium,
+            attempt_header: "triage-attempt".to_owned(),
+        }
+    }
+}
+
+/// AMQP priority (`0..=255`) to criticality, by the top of each band: priorities up to
+/// `sheddable_max` are Sheddable, up to `medium_max` Medium, up to `high_max` High, above
+/// Critical.
+///
+/// # Examples
+///
+/// ```
+/// use triage::Criticality;
+/// use triage_amqp::PriorityMapping;
+///
+/// let m = PriorityMapping::default();
+/// assert_eq!(m.map(0), Criticality::Sheddable);
+/// assert_eq!(m.map(4), Criticality::Medium);
+/// assert_eq!(m.map(7), Criticality::High);
+/// assert_eq!(m.map(200), Criticality::Critical);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PriorityMapping {
+    /// Highest Sheddable priority. Default 2.
+    pub sheddable_max: u8,
+    /// Highest Medium priority. Default 4.
+    pub medium_max: u8,
+    /// Highest High priority. Default 7; everything above is Critical.
+    pub high_max: u8,
+}
+
+impl Default for PriorityMapping {
+    fn default() -> Self {
+        PriorityMapping {
+            sheddable_max: 2,
+            medium_max: 4,
+            high_max: 7,
+        }
+    }
+}
+
+impl PriorityMapping {
+    /// The tier of `priority`.
+    pub fn map(&self, priority: u8) -> Criticality {
+        if priority <= self.sheddable_max {
+            Criticality::Sheddable
+        } else if priority <= self.medium_max {
+            Criticality::Medium
+        } else if priority <= self.high_max {
+            Criticality::High
+        } else {
+            Criticality::Critical
+        }
+    }
+
+    /// Checks that the bands are non-empty: `sheddable_max < medium_max < high_max < 255`.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the first band top out of order.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.medium_max <= self.sheddable_max {
+            return Err(ConfigError::new(
+                "medium_max",
+                self.medium_max,
+                format!(
+                    "{}..=253 (above sheddable_max)",
+                    self.sheddable_max.saturating_add(1)
+                ),
+            ));
+        }
+        if self.high_max <= self.medium_max || self.high_max == u8::MAX {
+            return Err(ConfigError::new(
+                "high_max",
+                self.high_max,
+                format!(
+                    "{}..=254 (above medium_max)",
+                    self.medium_max.saturating_add(1)
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How a delivery is given its deadline, from its properties and headers only.
+///
+/// The `header` (absolute Unix time in milliseconds, an integer or a decimal string) wins
+/// when present and valid. Otherwise the earliest of: the `timestamp` property (Unix
+/// seconds, as AMQP defines it) plus the tier's window in `timestamp_window_ms`, and, when
+/// `use_expiration` is on, the `expiration` property (a TTL in milliseconds) counted from
+/// the timestamp or, without one, from receipt. None of them: no deadline.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeadlineConfig {
+    /// Header carrying the absolute deadline in Unix milliseconds. Default
+    /// `triage-deadline-ms`.
+    pub header: String,
+    /// Usefulness window after the `timestamp` property, per tier, in milliseconds. Default
+    /// none for every tier (the timestamp alone gives no deadline).
+    pub timestamp_window_ms: PerTier<Option<u64>>,
+    /// Whether the `expiration` property gives a deadline. Default `true`.
+    pub use_expiration: bool,
+}
+
+impl Default for DeadlineConfig {
+    fn default() -> Self {
+        DeadlineConfig {
+            header: "triage-deadline-ms".to_owned(),
+            timestamp_window_ms: PerTier::splat(None),
+            use_expiration: true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_prefetch_is_bounded_by_capacity() {
+        let c = AmqpSourceConfig::new("amqp://x", "q");
+        assert!(c.validate(100).is_ok());
+        let err = c.validate(99).unwrap_err();
+        assert_eq!(err.field(), "prefetch");
+        assert_eq!(err.value(), "100");
+        assert!(err.allowed().starts_with("1..=99"), "{err}");
+        let zero = AmqpSourceConfig {
+            prefetch: 0,
+            ..c.clone()
+        };
+        assert_eq!(zero.validate(100).unwrap_err().field(), "prefetch");
+        assert_eq!(
+            AmqpSourceConfig::default()
+                .validate(100)
+                .unwrap_err()
+                .field(),
+            "queue"
+        );
+    }
+
+    #[test]
+    fn priority_bands_must_increase() {
+        let mut c = AmqpSourceConfig::new("amqp://x", "q");
+        c.classify.priority.high_max = 4;
+        assert_eq!(
+            c.validate(100).unwrap_err().field(),
+            "classify.priority.high_max"
+        );
+    }
+
+    #[test]
+    fn parses_from_toml_with_tier_windows() {
+        let c: AmqpSourceConfig = toml::from_str(
+            r#"
+            queue = "q"
+            dead_letter_via_sink = true
+            [deadline.timestamp_window_ms]
+            critical = 400
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.deadline.timestamp_window_ms.critical, Some(400));
+        assert_eq!(c.deadline.timestamp_window_ms.high, None);
+        assert!(c.dead_letter_via_sink);
+        assert!(toml::from_str::<AmqpSourceConfig>("quue = 1").is_err());
+    }
+}
