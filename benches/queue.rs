@@ -1,1 +1,413 @@
-fn main() {}
+//! Queue benches, each against its baseline in the same run:
+//!
+//! - `push_pop/*`: one thread, push then pop, against crossbeam's `ArrayQueue`, a `VecDeque`,
+//!   and a naive `Mutex<[VecDeque; 4]>` priority queue;
+//! - `mpmc/*`: 4 producers and 2 consumers moving 100,000 items through a bounded queue of
+//!   1,024, against a bounded crossbeam-channel, a bounded async-channel and tokio's bounded
+//!   mpsc (async consumers for the async ones);
+//! - `refuse/*` and `evict/*`: the cost of the refuse paths (full, overloaded) and of an
+//!   eviction, in ns per push;
+//! - `runtime_refuse/*`: the runtime's whole admit-or-refuse decision (`Runtime::try_submit`),
+//!   metrics included.
+//!
+//! `cargo bench --bench queue`; figures in BENCHMARKS.md.
+
+use std::collections::VecDeque;
+use std::hint::black_box;
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use triage::admission::QueueAgeConfig;
+use triage::quanta::Clock;
+use triage::queue::{Dequeued, Meta, WfqConfig, WfqQueue};
+use triage::runtime::{Ack, Envelope, Job, RefusalPolicy, Runtime, RuntimeConfig};
+use triage::{Criticality, PerTier};
+
+fn wfq(capacity: usize) -> WfqQueue<u64> {
+    WfqQueue::new(WfqConfig::with_capacity(capacity).admission(QueueAgeConfig::disabled()))
+        .expect("valid config")
+}
+
+fn push_pop(c: &mut Criterion) {
+    let mut g = c.benchmark_group("push_pop");
+    g.throughput(Throughput::Elements(1));
+    let q = wfq(1024);
+    g.bench_function("triage_wfq", |b| {
+        let mut i = 0u64;
+        b.iter(|| {
+            i += 1;
+            let tier = Criticality::ALL[(i & 3) as usize];
+            let _ = q.push(black_box(i), Meta::new(tier));
+            black_box(q.try_pop().ok());
+        })
+    });
+    let q = WfqQueue::new(WfqConfig::with_capacity(1024)).expect("valid config");
+    g.bench_function("triage_wfq_with_admission", |b| {
+        let mut i = 0u64;
+        b.iter(|| {
+            i += 1;
+            let tier = Criticality::ALL[(i & 3) as usize];
+            let _ = q.push(black_box(i), Meta::new(tier));
+            black_box(q.try_pop().ok());
+        })
+    });
+    let aq = crossbeam_queue::ArrayQueue::new(1024);
+    g.bench_function("crossbeam_array_queue", |b| {
+        let mut i = 0u64;
+        b.iter(|| {
+            i += 1;
+            let _ = aq.push(black_box(i));
+            black_box(aq.pop());
+        })
+    });
+    let mut vd = VecDeque::with_capacity(1024);
+    g.bench_function("vecdeque", |b| {
+        let mut i = 0u64;
+        b.iter(|| {
+            i += 1;
+            vd.push_back(black_box(i));
+            black_box(vd.pop_front());
+        })
+    });
+    let naive: Mutex<[VecDeque<u64>; 4]> = Mutex::new(Default::default());
+    g.bench_function("naive_mutex_4_tiers", |b| {
+        let mut i = 0u64;
+        b.iter(|| {
+            i += 1;
+            let mut t = naive.lock().expect("not poisoned");
+            t[(i & 3) as usize].push_back(black_box(i));
+            drop(t);
+            let mut t = naive.lock().expect("not poisoned");
+            black_box(t.iter_mut().rev().find_map(|q| q.pop_front()));
+        })
+    });
+    g.finish();
+}
+
+const MPMC_ITEMS: u64 = 100_000;
+const PRODUCERS: u64 = 4;
+const CONSUMERS: u64 = 2;
+
+/// Runs 4 producer and 2 consumer threads; returns the time from start to the last item.
+fn run_threads(
+    produce: impl Fn(u64) + Send + Sync + 'static,
+    consume: impl Fn() -> u64 + Send + Sync + 'static,
+) -> Duration {
+    let produce = Arc::new(produce);
+    let consume = Arc::new(consume);
+    let barrier = Arc::new(Barrier::new((PRODUCERS + CONSUMERS + 1) as usize));
+    let mut hs = Vec::new();
+    for p in 0..PRODUCERS {
+        let (produce, barrier) = (Arc::clone(&produce), Arc::clone(&barrier));
+        hs.push(thread::spawn(move || {
+            barrier.wait();
+            for i in 0..MPMC_ITEMS / PRODUCERS {
+                produce(p * MPMC_ITEMS + i);
+            }
+            0
+        }));
+    }
+    for _ in 0..CONSUMERS {
+        let (consume, barrier) = (Arc::clone(&consume), Arc::clone(&barrier));
+        hs.push(thread::spawn(move || {
+            barrier.wait();
+            let mut n = 0;
+            for _ in 0..MPMC_ITEMS / CONSUMERS {
+                n += consume();
+            }
+            n
+        }));
+    }
+    barrier.wait();
+    let start = Instant::now();
+    let total: u64 = hs.into_iter().map(|h| h.join().expect("no panic")).sum();
+    assert_eq!(total, MPMC_ITEMS);
+    start.elapsed()
+}
+
+fn mpmc(c: &mut Criterion) {
+    let mut g = c.benchmark_group("mpmc_4p_2c");
+    g.throughput(Throughput::Elements(MPMC_ITEMS));
+    g.sample_size(10);
+    g.bench_function("triage_wfq", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| {
+                    let q = Arc::new(wfq(1024));
+                    let (qp, qc) = (Arc::clone(&q), q);
+                    run_threads(
+                        move |i| {
+                            // Producers back off on a full queue, as a bounded channel's send
+                            // would block: every item must arrive.
+                            let mut item = i;
+                            loop {
+                                match qp.push(item, Meta::new(Criticality::ALL[(i & 3) as usize])) {
+                                    Ok(_) => break,
+                                    Err(e) => {
+                                        item = e.into_inner();
+                                        thread::yield_now();
+                                    }
+                                }
+                            }
+                        },
+                        move || match qc.pop_timeout(Duration::from_secs(10)) {
+                            Ok(Dequeued::Ready(_)) => 1,
+                            _ => 0,
+                        },
+                    )
+                })
+                .sum()
+        })
+    });
+    g.bench_function("crossbeam_channel", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| {
+                    let (tx, rx) = crossbeam_channel::bounded(1024);
+                    run_threads(
+                        move |i| tx.send(i).expect("open"),
+                        move || rx.recv().map(|_| 1).unwrap_or(0),
+                    )
+                })
+                .sum()
+        })
+    });
+    g.bench_function("async_channel_blocking", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| {
+                    let (tx, rx) = async_channel::bounded(1024);
+                    run_threads(
+                        move |i| tx.send_blocking(i).expect("open"),
+                        move || rx.recv_blocking().map(|_| 1).unwrap_or(0),
+                    )
+                })
+                .sum()
+        })
+    });
+    g.finish();
+
+    // Async consumers: 4 producer tasks, 2 consumer tasks on a 2-thread tokio runtime.
+    let mut g = c.benchmark_group("mpmc_async_4p_2c");
+    g.throughput(Throughput::Elements(MPMC_ITEMS));
+    g.sample_size(10);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    g.bench_function("triage_wfq", |b| {
+        b.to_async(&rt).iter(|| async {
+            let q = Arc::new(wfq(1024));
+            let mut hs = Vec::new();
+            for p in 0..PRODUCERS {
+                let q = Arc::clone(&q);
+                hs.push(tokio::spawn(async move {
+                    for i in 0..MPMC_ITEMS / PRODUCERS {
+                        let mut item = p * MPMC_ITEMS + i;
+                        while let Err(e) =
+                            q.push(item, Meta::new(Criticality::ALL[(i & 3) as usize]))
+                        {
+                            item = e.into_inner();
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                    0u64
+                }));
+            }
+            for _ in 0..CONSUMERS {
+                let q = Arc::clone(&q);
+                hs.push(tokio::spawn(async move {
+                    let mut n = 0;
+                    for _ in 0..MPMC_ITEMS / CONSUMERS {
+                        if q.pop().await.is_ok() {
+                            n += 1;
+                        }
+                    }
+                    n
+                }));
+            }
+            let mut total = 0;
+            for h in hs {
+                total += h.await.expect("no panic");
+            }
+            assert_eq!(total, MPMC_ITEMS);
+        })
+    });
+    g.bench_function("async_channel", |b| {
+        b.to_async(&rt).iter(|| async {
+            let (tx, rx) = async_channel::bounded(1024);
+            let mut hs = Vec::new();
+            for p in 0..PRODUCERS {
+                let tx = tx.clone();
+                hs.push(tokio::spawn(async move {
+                    for i in 0..MPMC_ITEMS / PRODUCERS {
+                        tx.send(p * MPMC_ITEMS + i).await.expect("open");
+                    }
+                    0u64
+                }));
+            }
+            for _ in 0..CONSUMERS {
+                let rx = rx.clone();
+                hs.push(tokio::spawn(async move {
+                    let mut n = 0;
+                    for _ in 0..MPMC_ITEMS / CONSUMERS {
+                        if rx.recv().await.is_ok() {
+                            n += 1;
+                        }
+                    }
+                    n
+                }));
+            }
+            let mut total = 0;
+            for h in hs {
+                total += h.await.expect("no panic");
+            }
+            assert_eq!(total, MPMC_ITEMS);
+        })
+    });
+    g.bench_function("tokio_mpsc", |b| {
+        // tokio's mpsc has one receiver: two consumer tasks share it behind an async mutex,
+        // the usual way to fan a tokio channel out to a worker pool.
+        b.to_async(&rt).iter(|| async {
+            let (tx, rx) = tokio::sync::mpsc::channel(1024);
+            let rx = Arc::new(tokio::sync::Mutex::new(rx));
+            let mut hs = Vec::new();
+            for p in 0..PRODUCERS {
+                let tx = tx.clone();
+                hs.push(tokio::spawn(async move {
+                    for i in 0..MPMC_ITEMS / PRODUCERS {
+                        tx.send(p * MPMC_ITEMS + i).await.expect("open");
+                    }
+                    0u64
+                }));
+            }
+            for _ in 0..CONSUMERS {
+                let rx = Arc::clone(&rx);
+                hs.push(tokio::spawn(async move {
+                    let mut n = 0;
+                    for _ in 0..MPMC_ITEMS / CONSUMERS {
+                        if rx.lock().await.recv().await.is_some() {
+                            n += 1;
+                        }
+                    }
+                    n
+                }));
+            }
+            let mut total = 0;
+            for h in hs {
+                total += h.await.expect("no panic");
+            }
+            assert_eq!(total, MPMC_ITEMS);
+        })
+    });
+    g.finish();
+}
+
+fn refuse_and_evict(c: &mut Criterion) {
+    let mut g = c.benchmark_group("refuse");
+    g.throughput(Throughput::Elements(1));
+    let q = wfq(4);
+    for i in 0..4 {
+        let _ = q.push(i, Meta::new(Criticality::Sheddable));
+    }
+    g.bench_function("full_nothing_lower", |b| {
+        b.iter(|| {
+            black_box(
+                q.push(black_box(7), Meta::new(Criticality::Sheddable))
+                    .is_err(),
+            )
+        })
+    });
+    let (clock, mock) = Clock::mock();
+    let q = WfqQueue::with_clock(WfqConfig::with_capacity(64), clock).expect("valid config");
+    let _ = q.push(0, Meta::new(Criticality::Critical));
+    mock.increment(Duration::from_secs(1));
+    let _ = q.push(1, Meta::new(Criticality::Critical));
+    assert_eq!(q.shed_level(), 4);
+    g.bench_function("overloaded_admission", |b| {
+        b.iter(|| black_box(q.push(black_box(7), Meta::new(Criticality::High)).is_err()))
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("evict");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("evict_newest_lowest", |b| {
+        b.iter_batched_ref(
+            || {
+                let q = wfq(1024);
+                for i in 0..1024 {
+                    let _ = q.push(i, Meta::new(Criticality::ALL[3 - (i % 3) as usize]));
+                }
+                q
+            },
+            |q| {
+                for i in 0..512 {
+                    black_box(q.push(black_box(i), Meta::new(Criticality::Critical)).ok());
+                }
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    g.finish();
+}
+
+fn runtime_refuse(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let mut g = c.benchmark_group("runtime_refuse");
+    g.throughput(Throughput::Elements(1));
+    let (clock, mock) = Clock::mock();
+    let runtime = rt.block_on(async {
+        let mut config = RuntimeConfig {
+            workers: 1.try_into().expect("non-zero"),
+            ..RuntimeConfig::default()
+        };
+        config.queue.capacity = 4.try_into().expect("non-zero");
+        config.policy = PerTier::new(
+            RefusalPolicy::Backpressure,
+            RefusalPolicy::Backpressure,
+            RefusalPolicy::Drop,
+            RefusalPolicy::Drop,
+        );
+        let runtime = Runtime::builder(config)
+            .clock(clock)
+            .start(|_job: Job<u64>| async {
+                std::future::pending::<()>().await;
+                Ok(())
+            })
+            .expect("valid config");
+        for i in 0..5 {
+            let _ = runtime.try_submit(Envelope::new(i, Criticality::Sheddable, Ack::noop()));
+            tokio::task::yield_now().await;
+        }
+        runtime
+    });
+    g.bench_function("drop_policy_queue_full", |b| {
+        b.iter_batched(
+            || Envelope::new(7u64, Criticality::Sheddable, Ack::noop()),
+            |e| black_box(runtime.try_submit(e).is_ok()),
+            BatchSize::SmallInput,
+        )
+    });
+    rt.block_on(async {
+        mock.increment(Duration::from_secs(1));
+        let _ = runtime.try_submit(Envelope::new(9, Criticality::Critical, Ack::noop()));
+    });
+    g.bench_function("backpressure_overloaded", |b| {
+        b.iter_batched(
+            || Envelope::new(7u64, Criticality::High, Ack::noop()),
+            |e| black_box(runtime.try_submit(e).is_err()),
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+    let _report = rt.block_on(runtime.shutdown(Duration::from_millis(100)));
+}
+
+criterion_group!(benches, push_pop, mpmc, refuse_and_evict, runtime_refuse);
+criterion_main!(benches);

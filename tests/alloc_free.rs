@@ -44,9 +44,13 @@ fn allocations_in(f: impl FnOnce()) -> u64 {
 #[test]
 fn queue_refuse_paths_allocate_nothing() {
     // Full with nothing lower to evict.
-    let q = WfqQueue::new(WfqConfig::with_capacity(4).admission(QueueAgeConfig::disabled())).unwrap();
+    let q =
+        WfqQueue::new(WfqConfig::with_capacity(4).admission(QueueAgeConfig::disabled())).unwrap();
     for i in 0..4u64 {
-        assert!(q.push(i, Meta::new(Criticality::Sheddable)).unwrap().is_empty());
+        assert!(q
+            .push(i, Meta::new(Criticality::Sheddable))
+            .unwrap()
+            .is_empty());
     }
     let n = allocations_in(|| {
         for i in 0..10_000u64 {
@@ -59,14 +63,23 @@ fn queue_refuse_paths_allocate_nothing() {
     // Refused by queue-age admission: one atomic load.
     let (clock, mock) = Clock::mock();
     let q = WfqQueue::with_clock(WfqConfig::with_capacity(64), clock).unwrap();
-    assert!(q.push(0u64, Meta::new(Criticality::Critical)).unwrap().is_empty());
+    assert!(q
+        .push(0u64, Meta::new(Criticality::Critical))
+        .unwrap()
+        .is_empty());
     mock.increment(Duration::from_millis(500));
-    assert!(q.push(1u64, Meta::new(Criticality::Critical)).unwrap().is_empty());
+    assert!(q
+        .push(1u64, Meta::new(Criticality::Critical))
+        .unwrap()
+        .is_empty());
     assert_eq!(q.shed_level(), 4);
     let n = allocations_in(|| {
         for i in 0..10_000u64 {
             let tier = Criticality::ALL[(i % 4) as usize];
-            assert!(matches!(q.push(i, Meta::new(tier)), Err(PushError::Overloaded(_))));
+            assert!(matches!(
+                q.push(i, Meta::new(tier)),
+                Err(PushError::Overloaded(_))
+            ));
         }
     });
     assert_eq!(n, 0, "refuse (overloaded) path allocated {n} times");
@@ -74,7 +87,8 @@ fn queue_refuse_paths_allocate_nothing() {
 
 #[test]
 fn queue_evict_path_allocates_nothing_once_warm() {
-    let q = WfqQueue::new(WfqConfig::with_capacity(2).admission(QueueAgeConfig::disabled())).unwrap();
+    let q =
+        WfqQueue::new(WfqConfig::with_capacity(2).admission(QueueAgeConfig::disabled())).unwrap();
     let cycle = |i: u64| {
         // [S, S] -> push C evicts the newest S -> pop C -> push S -> [S, S]
         let evicted: Vec<u64> = Vec::new();
@@ -84,10 +98,19 @@ fn queue_evict_path_allocates_nothing_once_warm() {
         drop(evicted);
         let served = q.try_pop().unwrap().ready().unwrap().into_inner();
         assert_eq!(served, i);
-        assert!(q.push(victim, Meta::new(Criticality::Sheddable)).unwrap().is_empty());
+        assert!(q
+            .push(victim, Meta::new(Criticality::Sheddable))
+            .unwrap()
+            .is_empty());
     };
-    assert!(q.push(0, Meta::new(Criticality::Sheddable)).unwrap().is_empty());
-    assert!(q.push(1, Meta::new(Criticality::Sheddable)).unwrap().is_empty());
+    assert!(q
+        .push(0, Meta::new(Criticality::Sheddable))
+        .unwrap()
+        .is_empty());
+    assert!(q
+        .push(1, Meta::new(Criticality::Sheddable))
+        .unwrap()
+        .is_empty());
     for i in 10..20 {
         cycle(i);
     }
@@ -147,7 +170,9 @@ async fn runtime_refuse_decision_allocates_nothing() {
         rt.try_submit(env(i, Criticality::Sheddable)).unwrap();
     }
     // Drop policy on a full queue: counted, shed, acknowledged.
-    let batch: Vec<_> = (0..10_000).map(|i| env(i, Criticality::Sheddable)).collect();
+    let batch: Vec<_> = (0..10_000)
+        .map(|i| env(i, Criticality::Sheddable))
+        .collect();
     let n = allocations_in(|| {
         for e in batch {
             rt.try_submit(e).unwrap();

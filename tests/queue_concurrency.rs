@@ -92,10 +92,18 @@ fn four_producers_two_consumers_account_for_every_item_once() {
         seen.extend(got);
     }
     let total = 4 * PER_PRODUCER as usize;
-    assert_eq!(seen.len(), total, "served {served_n}, evicted {evicted_n}, refused {refused_n}, drained {drained_n}");
+    assert_eq!(
+        seen.len(),
+        total,
+        "served {served_n}, evicted {evicted_n}, refused {refused_n}, drained {drained_n}"
+    );
     let unique: HashSet<u64> = seen.iter().copied().collect();
     assert_eq!(unique.len(), total, "an item was handed out twice");
-    assert_eq!(DROPS.load(Ordering::Relaxed) - before, total, "an item was dropped inside the queue or twice");
+    assert_eq!(
+        DROPS.load(Ordering::Relaxed) - before,
+        total,
+        "an item was dropped inside the queue or twice"
+    );
     let stats = q.stats();
     assert!(stats.balances(), "{stats:?}");
     assert_eq!(stats.total(|t| t.popped) as usize, served_n);
@@ -105,13 +113,22 @@ fn four_producers_two_consumers_account_for_every_item_once() {
 #[test]
 fn a_blocked_consumer_is_woken_by_a_push_and_by_close() {
     let q = Arc::new(WfqQueue::<u32>::new(WfqConfig::with_capacity(4)).unwrap());
-    assert_eq!(q.pop_timeout(Duration::from_millis(10)).unwrap_err(), PopTimeoutError::Timeout);
+    assert_eq!(
+        q.pop_timeout(Duration::from_millis(10)).unwrap_err(),
+        PopTimeoutError::Timeout
+    );
 
     let q2 = Arc::clone(&q);
     let waiter = thread::spawn(move || q2.pop_timeout(Duration::from_secs(3600)));
     // Pushed whether or not the waiter is already asleep: either way it must get the item.
     assert!(q.push(7, Meta::new(Criticality::High)).unwrap().is_empty());
-    let got = waiter.join().unwrap().unwrap().ready().unwrap().into_inner();
+    let got = waiter
+        .join()
+        .unwrap()
+        .unwrap()
+        .ready()
+        .unwrap()
+        .into_inner();
     assert_eq!(got, 7);
 
     let waiters: Vec<_> = (0..3)
@@ -137,7 +154,10 @@ async fn close_wakes_every_async_waiter_and_hands_items_back() {
         })
         .collect();
     tokio::task::yield_now().await;
-    assert!(q.push(1, Meta::new(Criticality::Critical)).unwrap().is_empty());
+    assert!(q
+        .push(1, Meta::new(Criticality::Critical))
+        .unwrap()
+        .is_empty());
     tokio::time::sleep(Duration::from_millis(20)).await;
     let left = q.close();
     assert!(left.is_empty() || left.len() == 1);
@@ -148,17 +168,28 @@ async fn close_wakes_every_async_waiter_and_hands_items_back() {
     let served = results.iter().filter(|r| r.is_ok()).count();
     assert_eq!(served + left.len(), 1, "{results:?}");
     assert_eq!(results.iter().filter(|r| r.is_err()).count(), 4 - served);
-    assert!(matches!(q.push(2, Meta::new(Criticality::Critical)), Err(PushError::Closed(2))));
+    assert!(matches!(
+        q.push(2, Meta::new(Criticality::Critical)),
+        Err(PushError::Closed(2))
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_pops_lose_nothing() {
-    let q = Arc::new(WfqQueue::<u32>::new(WfqConfig::with_capacity(100_000).admission(QueueAgeConfig::disabled())).unwrap());
+    let q = Arc::new(
+        WfqQueue::<u32>::new(
+            WfqConfig::with_capacity(100_000).admission(QueueAgeConfig::disabled()),
+        )
+        .unwrap(),
+    );
     let producer = {
         let q = Arc::clone(&q);
         tokio::spawn(async move {
             for i in 0..20_000u32 {
-                assert!(q.push(i, Meta::new(Criticality::ALL[(i % 4) as usize])).unwrap().is_empty());
+                assert!(q
+                    .push(i, Meta::new(Criticality::ALL[(i % 4) as usize]))
+                    .unwrap()
+                    .is_empty());
                 if i % 64 == 0 {
                     tokio::task::yield_now().await;
                 }

@@ -216,7 +216,10 @@ async fn drop_policy_sheds_and_acks_while_critical_backpressures() {
     }
     broker.close();
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let observed = Arc::new(Mutex::new(Vec::new()));
+    let o2 = Arc::clone(&observed);
     let mut rt = Runtime::builder(overload_config(RefusalPolicy::Drop))
+        .observe(move |id: &u32, tier, d| o2.lock().push((*id, tier, d)))
         .start(gated(Arc::clone(&gate)))
         .unwrap();
     rt.attach(broker.source());
@@ -244,6 +247,12 @@ async fn drop_policy_sheds_and_acks_while_critical_backpressures() {
     assert!(report.stats.balances(), "{report}");
     let shed = report.stats.ledger.tier(Criticality::Sheddable).shed;
     assert_eq!(shed, acks.shed);
+    // The observer saw each message's disposition once, the same one its ack got.
+    let observed = observed.lock();
+    assert_eq!(observed.len(), 30);
+    for (id, _, d) in observed.iter() {
+        assert_eq!(broker.disposition(u64::from(*id)), Some(*d));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

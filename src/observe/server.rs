@@ -140,7 +140,8 @@ fn run(http: tiny_http::Server, handle: PrometheusHandle, stop: Arc<AtomicBool>)
             _ => (404, "not found\n".to_owned(), "text/plain"),
         };
         let mut response = tiny_http::Response::from_string(body).with_status_code(status);
-        if let Ok(h) = tiny_http::Header::from_bytes(&b"Content-Type"[..], content_type.as_bytes()) {
+        if let Ok(h) = tiny_http::Header::from_bytes(&b"Content-Type"[..], content_type.as_bytes())
+        {
             response = response.with_header(h);
         }
         // A client that hung up is its own problem; the endpoint keeps serving.

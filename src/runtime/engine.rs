@@ -22,6 +22,9 @@ use crate::runtime::{
 };
 use crate::Criticality;
 
+/// Called with each message's disposition, just before its acknowledgement.
+pub(crate) type Observer<T> = Arc<dyn Fn(&T, Criticality, Disposition) + Send + Sync>;
+
 pub(crate) type Handler<T> =
     Arc<dyn Fn(Job<T>) -> BoxFuture<'static, Result<(), HandlerError>> + Send + Sync>;
 
@@ -36,6 +39,7 @@ pub(crate) struct Inner<T> {
     pub(crate) defer: Option<Arc<dyn DeferSink<T>>>,
     pub(crate) dead_letter: Option<Arc<dyn DeadLetterSink<T>>>,
     pub(crate) handler: Handler<T>,
+    pub(crate) observer: Option<Observer<T>>,
     pub(crate) clock: Clock,
     /// Stop taking new work (shutdown began).
     pub(crate) stop: CancellationToken,
@@ -60,6 +64,14 @@ pub(crate) enum Offer<T> {
 }
 
 impl<T: Send + Sync + 'static> Inner<T> {
+    /// Records the disposition (observer, ledger, ack), exactly once per message.
+    fn settle(&self, item: Item<T>, disposition: Disposition) {
+        if let Some(observe) = &self.observer {
+            observe(item.payload(), item.original, disposition);
+        }
+        item.settle(disposition);
+    }
+
     pub(crate) fn poll_interval(&self) -> Duration {
         Duration::from_millis(self.config.poll_interval_ms)
     }
@@ -162,7 +174,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         match self.policy(&item) {
             RefusalPolicy::Drop => {
                 self.accounts.metrics.tiers[item.original].shed[reason].increment(1);
-                item.settle(Disposition::Shed);
+                self.settle(item, Disposition::Shed);
                 Offer::Taken
             }
             RefusalPolicy::Backpressure => {
@@ -234,7 +246,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 self.accounts.metrics.tiers[item.original]
                     .deferred
                     .increment(1);
-                item.settle(Disposition::Deferred);
+                self.settle(item, Disposition::Deferred);
             }
             Err(_) => {
                 self.accounts.metrics.defer_failures.increment(1);
@@ -304,7 +316,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                     self.accounts.metrics.tiers[item.original]
                         .expired
                         .increment(1);
-                    item.settle(Disposition::Expired);
+                    self.settle(item, Disposition::Expired);
                 }
                 Dequeued::Ready(e) => {
                     let now = self.clock.now();
@@ -361,7 +373,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                     m.goodput.increment(1);
                     item.accounts().ledger.record_goodput(item.original);
                 }
-                item.settle(Disposition::Completed);
+                self.settle(item, Disposition::Completed);
             }
             Ok(Err(err)) => {
                 let retry = err.is_retryable();
@@ -426,7 +438,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         self.accounts.metrics.tiers[item.original]
             .failed
             .increment(1);
-        item.settle(Disposition::Failed);
+        self.settle(item, Disposition::Failed);
     }
 
     /// Gauges and the admission clock, on a timer: nothing here runs per message.

@@ -102,7 +102,9 @@ impl<T> Item<T> {
     pub(crate) fn hand_back(mut self) -> Envelope<T> {
         let ack = self.ack.take().unwrap_or_else(Ack::noop);
         self.accounts.ledger.record_released(self.original);
-        self.accounts.metrics.tiers[self.original].released.increment(1);
+        self.accounts.metrics.tiers[self.original]
+            .released
+            .increment(1);
         self.accounts.alive.fetch_sub(1, Ordering::Relaxed);
         let payload = match std::mem::replace(&mut self.payload, Payload::Moving) {
             Payload::Owned(t) => t,

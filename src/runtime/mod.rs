@@ -49,9 +49,9 @@ pub use envelope::Envelope;
 pub use job::{HandlerError, Job, LoadLevel};
 pub use memory::{AckCounts, MemoryBroker, MemorySink, MemorySource};
 pub use report::{Report, RuntimeStats};
-pub use submit::SubmitError;
 pub use sink::{DeadLetterSink, DeferReason, DeferSink, Republish, SinkError};
 pub use source::Source;
+pub use submit::SubmitError;
 
 use crate::limit::{ConcurrencyLimit, Fixed, Limiter};
 use crate::queue::WfqQueue;
@@ -107,6 +107,7 @@ pub struct RuntimeBuilder<T> {
     config: RuntimeConfig,
     defer: Option<Arc<dyn DeferSink<T>>>,
     dead_letter: Option<Arc<dyn DeadLetterSink<T>>>,
+    observer: Option<engine::Observer<T>>,
     clock: Clock,
 }
 
@@ -130,6 +131,17 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
     /// Publishes messages that failed for good to `sink` before acknowledging them.
     pub fn dead_letter_sink(mut self, sink: Arc<impl DeadLetterSink<T>>) -> Self {
         self.dead_letter = Some(sink);
+        self
+    }
+
+    /// Calls `observer` with every message's disposition, just before its acknowledgement:
+    /// for audit trails and reconciliation (which id ended how). It runs on the hot path, refuse
+    /// path included, so keep it cheap and never block in it.
+    pub fn observe(
+        mut self,
+        observer: impl Fn(&T, crate::Criticality, crate::ledger::Disposition) + Send + Sync + 'static,
+    ) -> Self {
+        self.observer = Some(Arc::new(observer));
         self
     }
 
@@ -182,6 +194,7 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             config,
             defer: self.defer,
             dead_letter: self.dead_letter,
+            observer: self.observer,
             handler: Arc::new(move |job| Box::pin(handler(job))),
             origin: self.clock.now(),
             clock: self.clock,
@@ -214,6 +227,7 @@ impl<T: Send + Sync + 'static> Runtime<T> {
             config,
             defer: None,
             dead_letter: None,
+            observer: None,
             clock: Clock::new(),
         }
     }
