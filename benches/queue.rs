@@ -140,13 +140,18 @@ fn mpmc(c: &mut Criterion) {
                     run_threads(
                         move |i| {
                             // Producers back off on a full queue, as a bounded channel's send
-                            // would block: every item must arrive.
-                            let mut item = i;
+                            // would block, and push evicted items again: every item must
+                            // arrive, as through a channel.
+                            // A count-bounded push evicts at most one item.
+                            let mut next = (i, Criticality::ALL[(i & 3) as usize]);
                             loop {
-                                match qp.push(item, Meta::new(Criticality::ALL[(i & 3) as usize])) {
-                                    Ok(_) => break,
+                                match qp.push(next.0, Meta::new(next.1)) {
+                                    Ok(mut evicted) => match evicted.next() {
+                                        Some(e) => next = (e.into_inner(), Criticality::Sheddable),
+                                        None => break,
+                                    },
                                     Err(e) => {
-                                        item = e.into_inner();
+                                        next = (e.into_inner(), next.1);
                                         thread::yield_now();
                                     }
                                 }
@@ -206,12 +211,18 @@ fn mpmc(c: &mut Criterion) {
                 let q = Arc::clone(&q);
                 hs.push(tokio::spawn(async move {
                     for i in 0..MPMC_ITEMS / PRODUCERS {
-                        let mut item = p * MPMC_ITEMS + i;
-                        while let Err(e) =
-                            q.push(item, Meta::new(Criticality::ALL[(i & 3) as usize]))
-                        {
-                            item = e.into_inner();
-                            tokio::task::yield_now().await;
+                        let mut next = (p * MPMC_ITEMS + i, Criticality::ALL[(i & 3) as usize]);
+                        loop {
+                            match q.push(next.0, Meta::new(next.1)) {
+                                Ok(mut evicted) => match evicted.next() {
+                                    Some(e) => next = (e.into_inner(), Criticality::Sheddable),
+                                    None => break,
+                                },
+                                Err(e) => {
+                                    next = (e.into_inner(), next.1);
+                                    tokio::task::yield_now().await;
+                                }
+                            }
                         }
                     }
                     0u64

@@ -77,12 +77,14 @@ impl<T> Core<T> {
 
     /// Pushes `item`, evicting the newest items of the lowest tiers strictly below it if the
     /// queue is full. All-or-nothing: if the room cannot be made, nothing is evicted.
+    /// On success also says whether the item became its tier's head (the tier was empty), the
+    /// only way a push changes the queue ages.
     pub(crate) fn push(
         &mut self,
         item: T,
         meta: Meta,
         now: impl FnOnce() -> Instant,
-    ) -> Result<Evictions<T>, PushError<T>> {
+    ) -> Result<(Evictions<T>, bool), PushError<T>> {
         let rank = meta.criticality.rank();
         if self.closed {
             return Err(self.refuse(RefuseReason::Closed, meta.criticality, item));
@@ -122,7 +124,7 @@ impl<T> Core<T> {
         self.bytes[rank] += size;
         self.total_bytes += size;
         self.stats[rank].pushed += 1;
-        Ok(Evictions::from_vec(evicted))
+        Ok((Evictions::from_vec(evicted), was_empty))
     }
 
     /// Removes the newest item of the lowest non-empty tier strictly below `rank`.

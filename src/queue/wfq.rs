@@ -66,6 +66,8 @@ struct State<T> {
     core: Core<T>,
     admission: QueueAgeAdmission,
     config: WfqConfig,
+    /// When admission was last evaluated.
+    observed_at: Instant,
 }
 
 /// A bounded, weighted-fair, multi-producer multi-consumer queue with one FIFO per criticality
@@ -121,6 +123,8 @@ pub struct WfqQueue<T> {
     overloaded: [CachePadded<AtomicU64>; 4],
     not_empty: Event,
     clock: Clock,
+    /// Whether quanta's recent time is maintained (see the `time` module).
+    recent: bool,
 }
 
 impl<T> WfqQueue<T> {
@@ -151,12 +155,14 @@ impl<T> WfqQueue<T> {
                 core,
                 admission,
                 config,
+                observed_at: clock.now(),
             })),
             shed_level: CachePadded::new(AtomicU8::new(0)),
             len: AtomicUsize::new(0),
             overloaded: Default::default(),
             not_empty: Event::new(),
             clock,
+            recent: super::time::recent_time_available(),
         })
     }
 
@@ -191,16 +197,36 @@ impl<T> WfqQueue<T> {
         let mut st = self.state.lock();
         let mut now = None;
         let res = st.core.push(item, meta, || {
-            let t = self.clock.now();
+            let t = self.now();
             now = Some(t);
             t
         });
-        if let Some(now) = now {
-            self.observe(&mut st, now);
-            drop(st);
-            self.not_empty.notify(1.additional());
+        match res {
+            Ok((evicted, new_head)) => {
+                // Ages change only when a head changes or time moves; recent time moves once a
+                // millisecond, so most pushes under load skip the re-evaluation exactly.
+                match now {
+                    Some(now) if new_head || !evicted.is_empty() || now != st.observed_at => {
+                        self.observe(&mut st, now);
+                    }
+                    _ => self.len.store(st.core.len(), Ordering::Relaxed),
+                }
+                drop(st);
+                self.not_empty.notify(1.additional());
+                Ok(evicted)
+            }
+            Err(e) => Err(e),
         }
-        res
+    }
+
+    /// The queue's notion of now: recent time when available, else a clock read.
+    #[inline]
+    fn now(&self) -> Instant {
+        if self.recent {
+            self.clock.recent()
+        } else {
+            self.clock.now()
+        }
     }
 
     /// Serves the next item by weight without waiting.
@@ -233,7 +259,7 @@ impl<T> WfqQueue<T> {
                 TryPopError::Empty
             });
         }
-        let now = self.clock.now();
+        let now = self.now();
         match st.core.pop(now, mask.0) {
             Some(d) => {
                 self.observe(&mut st, now);
@@ -345,7 +371,7 @@ impl<T> WfqQueue<T> {
             .set_bounds(config.capacity.get(), config.max_bytes.map(|b| b.get()));
         st.admission.reconfigure(&config.admission);
         st.config = config;
-        let now = self.clock.now();
+        let now = self.now();
         self.observe(&mut st, now);
         Ok(evicted)
     }
@@ -359,13 +385,17 @@ impl<T> WfqQueue<T> {
     /// timer if the queue can sit idle while shed, so the shed level still reflects time passing.
     pub fn refresh_admission(&self) {
         let mut st = self.state.lock();
-        let now = self.clock.now();
+        let now = self.now();
         self.observe(&mut st, now);
     }
 
     fn observe(&self, st: &mut State<T>, now: Instant) {
-        let level = st.admission.observe(st.core.ages(now));
         self.len.store(st.core.len(), Ordering::Relaxed);
+        st.observed_at = now;
+        if !st.config.admission.enabled {
+            return;
+        }
+        let level = st.admission.observe(st.core.ages(now));
         if !st.core.is_closed() {
             self.shed_level.store(level, Ordering::Relaxed);
         }
@@ -416,7 +446,7 @@ impl<T> WfqQueue<T> {
     /// (zero when none waits). The global queue age is `ages().sheddable`.
     pub fn ages(&self) -> PerTier<Duration> {
         let st = self.state.lock();
-        let [s, m, h, c] = st.core.ages(self.clock.now());
+        let [s, m, h, c] = st.core.ages(self.now());
         PerTier::new(c, h, m, s)
     }
 
