@@ -145,11 +145,24 @@ impl<T> Core<T> {
     /// Serves the next item by weight; an item whose deadline passed is handed back as expired
     /// without being charged to its tier's share.
     /// Only tiers whose bit is set in `mask` (bit `rank`) are considered.
-    pub(crate) fn pop(&mut self, now: Instant, mask: u8) -> Option<Dequeued<T>> {
+    ///
+    /// `recent` may lag the true time a little (see the `time` module): a deadline at or before
+    /// it has passed for sure; a later one is checked against `precise()`, so no expired item
+    /// is ever served, and items without a deadline cost no clock read.
+    pub(crate) fn pop(
+        &mut self,
+        recent: Instant,
+        precise: impl FnOnce() -> Instant,
+        mask: u8,
+    ) -> Option<Dequeued<T>> {
         let rank = self.sched.pick(self.backlogged() & mask)?;
         let e = self.tiers[rank].pop_front()?;
         self.take_out(rank, &e);
-        if e.is_expired(now) {
+        let expired = match e.meta.deadline {
+            None => false,
+            Some(d) => d <= recent || d <= precise(),
+        };
+        if expired {
             self.stats[rank].expired += 1;
             return Some(Dequeued::Expired(e));
         }

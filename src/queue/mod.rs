@@ -22,7 +22,7 @@
 //!
 //! Items are stamped and deadlines compared with quanta's *recent* time (refreshed every
 //! millisecond by an upkeep thread started on first use), so the hot path reads the clock with
-//! one atomic load; decisions are accurate to 1 ms.
+//! one atomic load; queue ages are accurate to 1 ms, deadlines exactly (see `time.rs`).
 //!
 //! # Why a mutex
 //!

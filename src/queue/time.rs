@@ -4,9 +4,11 @@
 //! large share of the queue's cost: `quanta::Clock::now` is a TSC read and a scaling, about
 //! 10 ns here, twice per push+pop. `Clock::recent` is one atomic load of a time refreshed every
 //! millisecond by quanta's upkeep thread. Queue ages are compared with cut-offs of tens of
-//! milliseconds and deadlines are usefulness windows, so 1 ms of staleness changes no decision
-//! that matters, and the queue uses recent time whenever the upkeep thread runs. With a mock
-//! clock, `recent` is the mock's value, so tests stay exact.
+//! milliseconds, so 1 ms of staleness changes no admission decision, and the queue stamps
+//! items and measures ages with recent time whenever the upkeep thread runs. Deadlines are
+//! exact: a deadline not yet passed at recent time is checked against a precise read, so no
+//! expired item is ever served, and items without a deadline cost no clock read at all. With
+//! a mock clock, `recent` is the mock's value, so tests stay exact.
 
 use std::sync::OnceLock;
 use std::time::Duration;

@@ -19,6 +19,15 @@ use crate::{ConfigError, Criticality, PerTier};
 /// Shed level that refuses every tier because the queue is closed (levels 0..=4 are admission's).
 const CLOSED_LEVEL: u8 = u8::MAX;
 
+/// A consumer counted in `waiters`; uncounted on drop, so a cancelled pop uncounts too.
+pub(crate) struct WaitRegistration<'a>(&'a AtomicUsize);
+
+impl Drop for WaitRegistration<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// A set of tiers, for [`WfqQueue::try_pop_masked`].
 ///
 /// # Examples
@@ -122,6 +131,12 @@ pub struct WfqQueue<T> {
     /// Pushes refused by admission, per rank: counted outside the lock.
     overloaded: [CachePadded<AtomicU64>; 4],
     not_empty: Event,
+    /// Consumers registered on `not_empty`. A push notifies only when it is non-zero: the
+    /// notification itself takes the event's lock and a fence, most of a push's cost otherwise.
+    /// A consumer counts itself before its last check under the queue lock, and a producer
+    /// reads the count after pushing under that lock, so the lock orders the two and no wake-up
+    /// is lost (see `tests/queue_concurrency.rs`).
+    waiters: AtomicUsize,
     clock: Clock,
     /// Whether quanta's recent time is maintained (see the `time` module).
     recent: bool,
@@ -161,6 +176,7 @@ impl<T> WfqQueue<T> {
             len: AtomicUsize::new(0),
             overloaded: Default::default(),
             not_empty: Event::new(),
+            waiters: AtomicUsize::new(0),
             clock,
             recent: super::time::recent_time_available(),
         })
@@ -212,7 +228,9 @@ impl<T> WfqQueue<T> {
                     _ => self.len.store(st.core.len(), Ordering::Relaxed),
                 }
                 drop(st);
-                self.not_empty.notify(1.additional());
+                if self.waiters.load(Ordering::Relaxed) > 0 {
+                    self.not_empty.notify(1.additional());
+                }
                 Ok(evicted)
             }
             Err(e) => Err(e),
@@ -260,7 +278,7 @@ impl<T> WfqQueue<T> {
             });
         }
         let now = self.now();
-        match st.core.pop(now, mask.0) {
+        match st.core.pop(now, || self.clock.now(), mask.0) {
             Some(d) => {
                 self.observe(&mut st, now);
                 Ok(d)
@@ -286,6 +304,7 @@ impl<T> WfqQueue<T> {
                 Err(TryPopError::Closed) => return Err(Closed),
                 Err(TryPopError::Empty) => {}
             }
+            let waiting = self.wait_registration();
             let listener = self.not_empty.listen();
             match self.try_pop() {
                 Ok(d) => return Ok(d),
@@ -293,6 +312,7 @@ impl<T> WfqQueue<T> {
                 Err(TryPopError::Empty) => {}
             }
             listener.await;
+            drop(waiting);
         }
     }
 
@@ -311,6 +331,7 @@ impl<T> WfqQueue<T> {
                 Err(TryPopError::Closed) => return Err(PopTimeoutError::Closed),
                 Err(TryPopError::Empty) => {}
             }
+            let waiting = self.wait_registration();
             let listener = self.not_empty.listen();
             match self.try_pop() {
                 Ok(d) => return Ok(d),
@@ -324,6 +345,7 @@ impl<T> WfqQueue<T> {
                     true
                 }
             };
+            drop(waiting);
             if !woken {
                 return self.try_pop().map_err(|e| match e {
                     TryPopError::Closed => PopTimeoutError::Closed,
@@ -376,7 +398,15 @@ impl<T> WfqQueue<T> {
         Ok(evicted)
     }
 
-    /// A listener woken by the next push or by close.
+    /// Counts a consumer as waiting until the guard drops. Take it before the listener and
+    /// before the last check of the queue.
+    pub(crate) fn wait_registration(&self) -> WaitRegistration<'_> {
+        self.waiters.fetch_add(1, Ordering::Relaxed);
+        WaitRegistration(&self.waiters)
+    }
+
+    /// A listener woken by the next push or by close. Hold a
+    /// [`wait_registration`](Self::wait_registration) while using it.
     pub(crate) fn listen(&self) -> event_listener::EventListener {
         self.not_empty.listen()
     }
