@@ -139,21 +139,22 @@ fn mpmc(c: &mut Criterion) {
                     let (qp, qc) = (Arc::clone(&q), q);
                     run_threads(
                         move |i| {
-                            // Producers back off on a full queue, as a bounded channel's send
-                            // would block, and push evicted items again: every item must
-                            // arrive, as through a channel.
-                            // A count-bounded push evicts at most one item.
+                            // Producers block on a full queue, as a bounded channel's send
+                            // does, and push evicted items again: every item must arrive, as
+                            // through a channel. A count-bounded push evicts at most one item.
                             let mut next = (i, Criticality::ALL[(i & 3) as usize]);
                             loop {
-                                match qp.push(next.0, Meta::new(next.1)) {
+                                let pushed = qp.push_timeout(
+                                    next.0,
+                                    Meta::new(next.1),
+                                    Duration::from_secs(10),
+                                );
+                                match pushed {
                                     Ok(mut evicted) => match evicted.next() {
                                         Some(e) => next = (e.into_inner(), Criticality::Sheddable),
                                         None => break,
                                     },
-                                    Err(e) => {
-                                        next = (e.into_inner(), next.1);
-                                        thread::yield_now();
-                                    }
+                                    Err(e) => panic!("push refused: {e}"),
                                 }
                             }
                         },
@@ -213,15 +214,12 @@ fn mpmc(c: &mut Criterion) {
                     for i in 0..MPMC_ITEMS / PRODUCERS {
                         let mut next = (p * MPMC_ITEMS + i, Criticality::ALL[(i & 3) as usize]);
                         loop {
-                            match q.push(next.0, Meta::new(next.1)) {
+                            match q.push_wait(next.0, Meta::new(next.1)).await {
                                 Ok(mut evicted) => match evicted.next() {
                                     Some(e) => next = (e.into_inner(), Criticality::Sheddable),
                                     None => break,
                                 },
-                                Err(e) => {
-                                    next = (e.into_inner(), next.1);
-                                    tokio::task::yield_now().await;
-                                }
+                                Err(e) => panic!("push refused: {e}"),
                             }
                         }
                     }

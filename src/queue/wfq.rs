@@ -22,6 +22,13 @@ const CLOSED_LEVEL: u8 = u8::MAX;
 /// A consumer counted in `waiters`; uncounted on drop, so a cancelled pop uncounts too.
 pub(crate) struct WaitRegistration<'a>(&'a AtomicUsize);
 
+impl<'a> WaitRegistration<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        WaitRegistration(count)
+    }
+}
+
 impl Drop for WaitRegistration<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
@@ -137,6 +144,10 @@ pub struct WfqQueue<T> {
     /// reads the count after pushing under that lock, so the lock orders the two and no wake-up
     /// is lost (see `tests/queue_concurrency.rs`).
     waiters: AtomicUsize,
+    /// Producers waiting for room in [`push_timeout`](Self::push_timeout) or
+    /// [`push_wait`](Self::push_wait); same protocol as `waiters`.
+    not_full: Event,
+    full_waiters: AtomicUsize,
     clock: Clock,
     /// Whether quanta's recent time is maintained (see the `time` module).
     recent: bool,
@@ -177,6 +188,8 @@ impl<T> WfqQueue<T> {
             overloaded: Default::default(),
             not_empty: Event::new(),
             waiters: AtomicUsize::new(0),
+            not_full: Event::new(),
+            full_waiters: AtomicUsize::new(0),
             clock,
             recent: super::time::recent_time_available(),
         })
@@ -281,9 +294,89 @@ impl<T> WfqQueue<T> {
         match st.core.pop(now, || self.clock.now(), mask.0) {
             Some(d) => {
                 self.observe(&mut st, now);
+                drop(st);
+                if self.full_waiters.load(Ordering::Relaxed) > 0 {
+                    self.not_full.notify(1.additional());
+                }
                 Ok(d)
             }
             None => Err(TryPopError::Empty),
+        }
+    }
+
+    /// Like [`push`](Self::push), but while the queue is full with nothing lower to evict,
+    /// blocks the thread up to `timeout` (wall time) for room: backpressure for an in-process
+    /// producer. Any other refusal returns at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`push`](Self::push); [`PushError::Full`] once `timeout` has passed without room.
+    pub fn push_timeout(
+        &self,
+        item: T,
+        meta: Meta,
+        timeout: Duration,
+    ) -> Result<Evictions<T>, PushError<T>> {
+        let until = std::time::Instant::now().checked_add(timeout);
+        let mut item = match self.push(item, meta) {
+            Err(PushError::Full(item)) => item,
+            other => return other,
+        };
+        loop {
+            let waiting = WaitRegistration::new(&self.full_waiters);
+            let listener = self.not_full.listen();
+            item = match self.push(item, meta) {
+                Err(PushError::Full(item)) => item,
+                other => return other,
+            };
+            let woken = match until {
+                Some(until) => listener.wait_deadline(until).is_some(),
+                None => {
+                    listener.wait();
+                    true
+                }
+            };
+            drop(waiting);
+            if !woken {
+                return self.push(item, meta);
+            }
+            item = match self.push(item, meta) {
+                Err(PushError::Full(item)) => item,
+                other => return other,
+            };
+        }
+    }
+
+    /// Like [`push`](Self::push), but while the queue is full with nothing lower to evict,
+    /// waits (async) for room. Any other refusal returns at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`push`](Self::push), except [`PushError::Full`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: the item is inside the future, and dropping the future drops it. Wrap
+    /// it in a timeout only if losing the item is acceptable, or use [`push`](Self::push) and
+    /// keep the item yourself.
+    pub async fn push_wait(&self, item: T, meta: Meta) -> Result<Evictions<T>, PushError<T>> {
+        let mut item = match self.push(item, meta) {
+            Err(PushError::Full(item)) => item,
+            other => return other,
+        };
+        loop {
+            let waiting = WaitRegistration::new(&self.full_waiters);
+            let listener = self.not_full.listen();
+            item = match self.push(item, meta) {
+                Err(PushError::Full(item)) => item,
+                other => return other,
+            };
+            listener.await;
+            drop(waiting);
+            item = match self.push(item, meta) {
+                Err(PushError::Full(item)) => item,
+                other => return other,
+            };
         }
     }
 
@@ -367,6 +460,7 @@ impl<T> WfqQueue<T> {
             items
         };
         self.not_empty.notify(usize::MAX);
+        self.not_full.notify(usize::MAX);
         items
     }
 
@@ -395,14 +489,16 @@ impl<T> WfqQueue<T> {
         st.config = config;
         let now = self.now();
         self.observe(&mut st, now);
+        drop(st);
+        // A larger bound may have made room for blocked producers.
+        self.not_full.notify(usize::MAX);
         Ok(evicted)
     }
 
     /// Counts a consumer as waiting until the guard drops. Take it before the listener and
     /// before the last check of the queue.
     pub(crate) fn wait_registration(&self) -> WaitRegistration<'_> {
-        self.waiters.fetch_add(1, Ordering::Relaxed);
-        WaitRegistration(&self.waiters)
+        WaitRegistration::new(&self.waiters)
     }
 
     /// A listener woken by the next push or by close. Hold a

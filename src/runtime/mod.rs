@@ -27,7 +27,7 @@ mod intake;
 mod item;
 mod job;
 mod memory;
-pub(crate) mod metrics;
+pub mod metrics;
 mod report;
 mod sink;
 mod source;
