@@ -52,18 +52,20 @@ async fn prepare(topic: &str) {
     let mut pending = futures_util::stream::FuturesUnordered::new();
     for i in 0..RECORDS {
         let key = i.to_string();
-        pending.push(producer.send(
-            FutureRecord::to(topic).key(&key).payload(&payload),
-            Duration::from_secs(30),
-        ));
+        // `send_result` returns an owned delivery future, so many can be in flight.
+        let delivery = producer
+            .send_result(FutureRecord::to(topic).key(&key).payload(&payload))
+            .map_err(|(e, _)| e)
+            .expect("enqueued");
+        pending.push(delivery);
         if pending.len() >= 10_000 {
             while let Some(r) = pending.next().await {
-                r.expect("delivered");
+                let _ = r.expect("delivery report").expect("delivered");
             }
         }
     }
     while let Some(r) = pending.next().await {
-        r.expect("delivered");
+        let _ = r.expect("delivery report").expect("delivered");
     }
 }
 

@@ -7,13 +7,12 @@ use serde::{Deserialize, Serialize};
 use triage::{ConfigError, Criticality, PerTier};
 
 /// librdkafka properties the source sets itself; `properties` may not override them.
-const MANAGED_PROPERTIES: [&str; 6] = [
+const MANAGED_PROPERTIES: [&str; 5] = [
     "bootstrap.servers",
     "group.id",
     "enable.auto.commit",
     "enable.auto.offset.store",
     "queued.max.messages.kbytes",
-    "queued.min.messages",
 ];
 
 /// Configuration of a [`KafkaSource`](super::KafkaSource), e.g. a `[kafka]` table in a TOML
@@ -61,8 +60,11 @@ pub struct KafkaSourceConfig {
     /// (after it the client is abandoned to a background thread). Default 5000; allowed
     /// `1..=600_000`.
     pub close_timeout_ms: u64,
-    /// Messages consumed ahead of the runtime: the hand-off buffer's capacity and
-    /// librdkafka's `queued.min.messages`. Default 1000; allowed `1..=1_000_000`.
+    /// Messages consumed ahead of the runtime: the hand-off buffer's capacity. Default 1000;
+    /// allowed `1..=1_000_000`. librdkafka's own prefetch is bounded in bytes by
+    /// `queued_max_messages_kbytes`; its `queued.min.messages` keeps librdkafka's default
+    /// (100,000), because tying it to this small buffer made the client fetch in tiny rounds
+    /// (measured: 5,000 records/s instead of 39,000 on the consume bench).
     pub max_prefetch_messages: usize,
     /// librdkafka's `queued.max.messages.kbytes`: the client's prefetch bound in KiB (it also
     /// caps `fetch.max.bytes`). Default 16384 (16 MiB); allowed `1..=2_097_151`.
@@ -74,8 +76,7 @@ pub struct KafkaSourceConfig {
     /// Extra librdkafka consumer properties (e.g. `session.timeout.ms`,
     /// `auto.offset.reset`). Default: `auto.offset.reset = earliest` only. The properties the
     /// source manages (`bootstrap.servers`, `group.id`, `enable.auto.commit`,
-    /// `enable.auto.offset.store`, `queued.max.messages.kbytes`, `queued.min.messages`) are
-    /// refused.
+    /// `enable.auto.offset.store`, `queued.max.messages.kbytes`) are refused.
     pub properties: BTreeMap<String, String>,
 }
 
@@ -300,10 +301,6 @@ impl KafkaSourceConfig {
             (
                 "queued.max.messages.kbytes".to_owned(),
                 self.queued_max_messages_kbytes.to_string(),
-            ),
-            (
-                "queued.min.messages".to_owned(),
-                self.max_prefetch_messages.to_string(),
             ),
             ("fetch.max.bytes".to_owned(), fetch_max.to_string()),
             (
