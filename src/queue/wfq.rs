@@ -135,6 +135,9 @@ pub struct WfqQueue<T> {
     /// Queue-age admission's decision, or [`CLOSED_LEVEL`]: read without the lock at push.
     shed_level: CachePadded<AtomicU8>,
     len: AtomicUsize,
+    /// Items taken out by pops (served or expired): lets a holder of refused items see cheaply
+    /// whether room may have appeared since it last tried.
+    pops: AtomicU64,
     /// Pushes refused by admission, per rank: counted outside the lock.
     overloaded: [CachePadded<AtomicU64>; 4],
     not_empty: Event,
@@ -185,6 +188,7 @@ impl<T> WfqQueue<T> {
             })),
             shed_level: CachePadded::new(AtomicU8::new(0)),
             len: AtomicUsize::new(0),
+            pops: AtomicU64::new(0),
             overloaded: Default::default(),
             not_empty: Event::new(),
             waiters: AtomicUsize::new(0),
@@ -295,6 +299,7 @@ impl<T> WfqQueue<T> {
             Some(d) => {
                 self.observe(&mut st, now);
                 drop(st);
+                self.pops.fetch_add(1, Ordering::Relaxed);
                 if self.full_waiters.load(Ordering::Relaxed) > 0 {
                     self.not_full.notify(1.additional());
                 }
@@ -493,6 +498,11 @@ impl<T> WfqQueue<T> {
         // A larger bound may have made room for blocked producers.
         self.not_full.notify(usize::MAX);
         Ok(evicted)
+    }
+
+    /// Items taken out by pops so far (served or expired), read without the lock.
+    pub(crate) fn pop_count(&self) -> u64 {
+        self.pops.load(Ordering::Relaxed)
     }
 
     /// Counts a consumer as waiting until the guard drops. Take it before the listener and

@@ -72,6 +72,15 @@ impl<T: Send + Sync + 'static> Inner<T> {
         item.settle(disposition);
     }
 
+    /// A message whose deadline passed before it could be queued (held by backpressure, or
+    /// waiting to retry): as useless as one expired in the queue, and settled the same way.
+    pub(crate) fn expire(&self, item: Item<T>) {
+        self.accounts.metrics.tiers[item.original]
+            .expired
+            .increment(1);
+        self.settle(item, Disposition::Expired);
+    }
+
     pub(crate) fn poll_interval(&self) -> Duration {
         Duration::from_millis(self.config.poll_interval_ms)
     }
@@ -272,6 +281,10 @@ impl<T: Send + Sync + 'static> Inner<T> {
             tokio::select! {
                 _ = self.stop.cancelled() => break,
                 _ = tokio::time::sleep(self.poll_interval()) => {}
+            }
+            if item.deadline.is_some_and(|d| d <= self.clock.now()) {
+                self.held.fetch_sub(1, Ordering::Relaxed);
+                return self.expire(item);
             }
             match self.offer(item) {
                 Offer::Taken => {

@@ -30,15 +30,85 @@ pub(crate) enum Mode {
     Drain,
 }
 
-/// Re-offers held items oldest first; keeps the ones still refused, in order.
-fn reoffer<T: Send + Sync + 'static>(inner: &Arc<Inner<T>>, held: &mut VecDeque<Item<T>>) {
-    for _ in 0..held.len() {
-        let Some(item) = held.pop_front() else { break };
-        match inner.offer(item) {
-            Offer::Taken => {
+/// Messages held under backpressure, and what the last sweep over them learned.
+struct Held<T> {
+    items: VecDeque<Item<T>>,
+    /// Highest rank refused by the last sweep: tiers at or below it would be refused too
+    /// (admission sheds a bottom prefix; a full queue with nothing below a tier has nothing
+    /// below the lower ones either), so new messages of those tiers are held at once, behind
+    /// the older ones, without an offer.
+    refused_floor: Option<usize>,
+    /// The queue's pop count and shed level at the last sweep: until one of them moves (or a
+    /// poll interval passes), offering the held messages again would be refused again.
+    swept_pops: u64,
+    swept_level: u8,
+    swept_at: tokio::time::Instant,
+}
+
+impl<T: Send + Sync + 'static> Held<T> {
+    fn new() -> Self {
+        Held {
+            items: VecDeque::new(),
+            refused_floor: None,
+            swept_pops: 0,
+            swept_level: 0,
+            swept_at: tokio::time::Instant::now(),
+        }
+    }
+
+    fn sweep_due(&self, inner: &Inner<T>) -> bool {
+        !self.items.is_empty()
+            && (inner.queue.pop_count() != self.swept_pops
+                || inner.queue.shed_level() != self.swept_level
+                || self.swept_at.elapsed() >= inner.poll_interval())
+    }
+
+    /// Offers the held messages again, oldest first, skipping tiers already refused in this
+    /// sweep, and settles as expired those whose deadline passed while held.
+    fn sweep(&mut self, inner: &Arc<Inner<T>>) {
+        self.swept_pops = inner.queue.pop_count();
+        self.swept_level = inner.queue.shed_level();
+        self.swept_at = tokio::time::Instant::now();
+        self.refused_floor = None;
+        let now = inner.clock.now();
+        for _ in 0..self.items.len() {
+            let Some(item) = self.items.pop_front() else {
+                break;
+            };
+            if item.deadline.is_some_and(|d| d <= now) {
                 inner.held.fetch_sub(1, Ordering::Relaxed);
+                inner.expire(item);
+                continue;
             }
-            Offer::Hold(item) => held.push_back(item),
+            let rank = item.tier().rank();
+            if self.refused_floor.is_some_and(|floor| rank <= floor) {
+                self.items.push_back(item);
+                continue;
+            }
+            match inner.offer(item) {
+                Offer::Taken => {
+                    inner.held.fetch_sub(1, Ordering::Relaxed);
+                }
+                Offer::Hold(item) => {
+                    self.refused_floor = Some(self.refused_floor.map_or(rank, |f| f.max(rank)));
+                    self.items.push_back(item);
+                }
+            }
+        }
+    }
+
+    /// A new message: held at once behind older ones of a refused tier, else offered.
+    fn offer_new(&mut self, inner: &Arc<Inner<T>>, item: Item<T>) {
+        let rank = item.tier().rank();
+        if self.refused_floor.is_some_and(|floor| rank <= floor) {
+            inner.held.fetch_add(1, Ordering::Relaxed);
+            self.items.push_back(item);
+            return;
+        }
+        if let Offer::Hold(item) = inner.offer(item) {
+            inner.held.fetch_add(1, Ordering::Relaxed);
+            self.refused_floor = Some(self.refused_floor.map_or(rank, |f| f.max(rank)));
+            self.items.push_back(item);
         }
     }
 }
@@ -80,16 +150,16 @@ pub(crate) async fn run<S: Source>(
 ) where
     S::Payload: Send + Sync + 'static,
 {
-    let mut held: VecDeque<Item<S::Payload>> = VecDeque::new();
+    let mut held: Held<S::Payload> = Held::new();
     let max_held = inner.config.max_held.get();
     let mut paused = false;
     let poll = inner.poll_interval();
     let mut finished = false;
     loop {
-        if !held.is_empty() {
-            reoffer(&inner, &mut held);
+        if held.sweep_due(&inner) {
+            held.sweep(&inner);
         }
-        let full = held.len() >= max_held;
+        let full = held.items.len() >= max_held;
         if full != paused {
             if full {
                 source.pause();
@@ -100,7 +170,7 @@ pub(crate) async fn run<S: Source>(
         }
         let may_pull = !full && !finished && (mode == Mode::Normal || drain_allowed(&inner));
         if !may_pull {
-            if finished && held.is_empty() {
+            if finished && held.items.is_empty() {
                 break;
             }
             tokio::select! {
@@ -110,7 +180,11 @@ pub(crate) async fn run<S: Source>(
             continue;
         }
         // While holding, pull only until the next poll, then come back to the held ones.
-        let wait = if held.is_empty() { None } else { Some(poll) };
+        let wait = if held.items.is_empty() {
+            None
+        } else {
+            Some(poll)
+        };
         let pulled = tokio::select! {
             biased;
             _ = inner.stop.cancelled() => break,
@@ -125,12 +199,11 @@ pub(crate) async fn run<S: Source>(
             }
         };
         let item = Item::consumed(envelope, mode == Mode::Drain, &inner.accounts);
-        if let Offer::Hold(item) = inner.offer(item) {
-            inner.held.fetch_add(1, Ordering::Relaxed);
-            held.push_back(item);
-        }
+        held.offer_new(&inner, item);
     }
-    inner.held.fetch_sub(held.len() as i64, Ordering::Relaxed);
+    inner
+        .held
+        .fetch_sub(held.items.len() as i64, Ordering::Relaxed);
     // Dropping them releases them unacknowledged.
     drop(held);
     inner.pulling.fetch_sub(1, Ordering::AcqRel);

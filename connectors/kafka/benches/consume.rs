@@ -82,7 +82,10 @@ async fn plain(topic: &str) -> Duration {
     let start = Instant::now();
     let mut n = 0;
     while n < RECORDS {
-        let m = consumer.recv().await.expect("record");
+        // Transport errors are transient (librdkafka reconnects): skip them, as a worker would.
+        let Ok(m) = consumer.recv().await else {
+            continue;
+        };
         std::hint::black_box(m.payload());
         consumer.store_offset_from_message(&m).expect("store");
         n += 1;

@@ -311,6 +311,10 @@ impl KafkaSourceConfig {
                 "receive.message.max.bytes".to_owned(),
                 receive_max.to_string(),
             ),
+            // librdkafka waits this long (default 1000 ms) before fetching again once its
+            // queue bound was reached: after every backpressure episode the source would then
+            // starve for a second. A user-given value in `properties` wins.
+            ("fetch.queue.backoff.ms".to_owned(), "10".to_owned()),
         ]);
         for (k, v) in &self.properties {
             props.insert(k.clone(), v.clone());
