@@ -91,9 +91,12 @@ struct RunArgs {
     /// Poison messages per thousand (the handler fails them; dead-lettered).
     #[arg(long, default_value_t = 1)]
     poison_permille: u32,
-    /// Output directory (report, chart, logs).
+    /// Output directory (worker logs and stats per phase; the report too unless --report).
     #[arg(long, default_value = "target/proving-ground")]
     out: PathBuf,
+    /// Directory for `proving-ground.md` and `proving-ground.svg` (default: --out).
+    #[arg(long)]
+    report: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -143,11 +146,12 @@ fn main() -> ExitCode {
         std::env::args().skip(1).collect::<Vec<_>>().join(" ")
     );
     let results = runtime.block_on(harness::run(&config));
-    let md = report::write(&a.out, &config, &results, &command).expect("write the report");
+    let report_dir = a.report.clone().unwrap_or_else(|| a.out.clone());
+    let md = report::write(&report_dir, &config, &results, &command).expect("write the report");
     println!("{md}");
     println!(
         "report: {}",
-        a.out.join("proving-ground.md").to_string_lossy()
+        report_dir.join("proving-ground.md").to_string_lossy()
     );
     let unaccounted: usize = results
         .iter()
