@@ -139,16 +139,22 @@ fn mpmc(c: &mut Criterion) {
                     let (qp, qc) = (Arc::clone(&q), q);
                     run_threads(
                         move |i| {
-                            // Producers back off on a full queue, as a bounded channel's send
-                            // would block: every item must arrive.
-                            let mut item = i;
+                            // Producers block on a full queue, as a bounded channel's send
+                            // does, and push evicted items again: every item must arrive, as
+                            // through a channel. A count-bounded push evicts at most one item.
+                            let mut next = (i, Criticality::ALL[(i & 3) as usize]);
                             loop {
-                                match qp.push(item, Meta::new(Criticality::ALL[(i & 3) as usize])) {
-                                    Ok(_) => break,
-                                    Err(e) => {
-                                        item = e.into_inner();
-                                        thread::yield_now();
-                                    }
+                                let pushed = qp.push_timeout(
+                                    next.0,
+                                    Meta::new(next.1),
+                                    Duration::from_secs(10),
+                                );
+                                match pushed {
+                                    Ok(mut evicted) => match evicted.next() {
+                                        Some(e) => next = (e.into_inner(), Criticality::Sheddable),
+                                        None => break,
+                                    },
+                                    Err(e) => panic!("push refused: {e}"),
                                 }
                             }
                         },
@@ -206,12 +212,15 @@ fn mpmc(c: &mut Criterion) {
                 let q = Arc::clone(&q);
                 hs.push(tokio::spawn(async move {
                     for i in 0..MPMC_ITEMS / PRODUCERS {
-                        let mut item = p * MPMC_ITEMS + i;
-                        while let Err(e) =
-                            q.push(item, Meta::new(Criticality::ALL[(i & 3) as usize]))
-                        {
-                            item = e.into_inner();
-                            tokio::task::yield_now().await;
+                        let mut next = (p * MPMC_ITEMS + i, Criticality::ALL[(i & 3) as usize]);
+                        loop {
+                            match q.push_wait(next.0, Meta::new(next.1)).await {
+                                Ok(mut evicted) => match evicted.next() {
+                                    Some(e) => next = (e.into_inner(), Criticality::Sheddable),
+                                    None => break,
+                                },
+                                Err(e) => panic!("push refused: {e}"),
+                            }
                         }
                     }
                     0u64

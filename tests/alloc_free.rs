@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use triage::admission::QueueAgeConfig;
 use triage::quanta::Clock;
-use triage::queue::{Meta, PushError, WfqConfig, WfqQueue};
+use triage::queue::{Meta, PushError, TierMask, WfqConfig, WfqQueue};
 use triage::runtime::{Ack, Envelope, Job, RefusalPolicy, Runtime, RuntimeConfig, SubmitError};
 use triage::{Criticality, PerTier};
 
@@ -91,12 +91,16 @@ fn queue_evict_path_allocates_nothing_once_warm() {
         WfqQueue::new(WfqConfig::with_capacity(2).admission(QueueAgeConfig::disabled())).unwrap();
     let cycle = |i: u64| {
         // [S, S] -> push C evicts the newest S -> pop C -> push S -> [S, S]
-        let evicted: Vec<u64> = Vec::new();
         let mut ev = q.push(i, Meta::new(Criticality::Critical)).unwrap();
         let victim = ev.next().unwrap().into_inner();
         assert!(ev.next().is_none());
-        drop(evicted);
-        let served = q.try_pop().unwrap().ready().unwrap().into_inner();
+        let only_critical = TierMask::NONE.with(Criticality::Critical);
+        let served = q
+            .try_pop_masked(only_critical)
+            .unwrap()
+            .ready()
+            .unwrap()
+            .into_inner();
         assert_eq!(served, i);
         assert!(q
             .push(victim, Meta::new(Criticality::Sheddable))
@@ -181,8 +185,10 @@ async fn runtime_refuse_decision_allocates_nothing() {
     assert_eq!(n, 0, "drop decision allocated {n} times");
 
     // Backpressure under queue-age admission: the message comes back, nothing allocated.
-    mock.increment(Duration::from_secs(1));
+    // A Critical message waits a virtual second: every tier's queue age is past its cut-off.
     rt.try_submit(env(0, Criticality::Critical)).unwrap();
+    mock.increment(Duration::from_secs(1));
+    rt.try_submit(env(1, Criticality::Critical)).unwrap();
     assert_eq!(rt.load().shed_tiers(), 4);
     let batch: Vec<_> = (0..10_000).map(|i| env(i, Criticality::High)).collect();
     let mut back = Vec::with_capacity(10_000);
@@ -199,7 +205,8 @@ async fn runtime_refuse_decision_allocates_nothing() {
     drop(back);
 
     let stats = rt.stats();
-    assert_eq!(stats.ledger.tier(Criticality::Sheddable).shed, 12_000);
+    // 12,000 refused, plus the two Sheddable messages the Critical ones evicted.
+    assert_eq!(stats.ledger.tier(Criticality::Sheddable).shed, 12_002);
     gate.add_permits(100);
     let report = rt.shutdown(Duration::from_secs(5)).await;
     assert!(report.stats.balances(), "{report}");

@@ -26,6 +26,13 @@ async fn three_x_overload_keeps_critical_goodput_and_the_ledger_balanced() {
     let t = out.stats.ledger.total();
     assert_eq!(t.consumed, t.settled() + t.released);
 
+    // Memory stays bounded whatever the offered load: the excess waits in the broker.
+    assert!(
+        out.max_alive <= out.alive_bound,
+        "{} > {}",
+        out.max_alive,
+        out.alive_bound
+    );
     // Goodput share is ordered by tier: Critical >= High >= Medium >= Sheddable.
     let share = |c: Criticality| out.triage[c].goodput_share();
     assert!(share(Criticality::Critical) >= share(Criticality::High));

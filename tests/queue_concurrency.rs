@@ -208,3 +208,77 @@ async fn cancelled_pops_lose_nothing() {
     assert_eq!(got, (0..20_000).collect::<Vec<_>>());
     assert!(q.is_empty());
 }
+
+#[test]
+fn a_producer_blocked_on_a_full_queue_is_woken_by_a_pop_and_by_close() {
+    let q = Arc::new(
+        WfqQueue::<u32>::new(WfqConfig::with_capacity(1).admission(QueueAgeConfig::disabled()))
+            .unwrap(),
+    );
+    assert!(q.push(1, Meta::new(Criticality::High)).unwrap().is_empty());
+    // Nothing pops: the wait ends with the item handed back.
+    let err = q
+        .push_timeout(2, Meta::new(Criticality::High), Duration::from_millis(10))
+        .unwrap_err();
+    assert!(matches!(err, PushError::Full(2)));
+
+    let q2 = Arc::clone(&q);
+    let producer = thread::spawn(move || {
+        q2.push_timeout(3, Meta::new(Criticality::High), Duration::from_secs(3600))
+    });
+    // Whether or not the producer is asleep yet, the pop makes room for it.
+    assert_eq!(
+        q.pop_timeout(Duration::from_secs(3600))
+            .unwrap()
+            .ready()
+            .unwrap()
+            .into_inner(),
+        1
+    );
+    assert!(producer.join().unwrap().unwrap().is_empty());
+    assert_eq!(q.try_pop().unwrap().ready().unwrap().into_inner(), 3);
+
+    assert!(q.push(4, Meta::new(Criticality::High)).unwrap().is_empty());
+    let q2 = Arc::clone(&q);
+    let producer = thread::spawn(move || {
+        q2.push_timeout(5, Meta::new(Criticality::High), Duration::from_secs(3600))
+    });
+    thread::sleep(Duration::from_millis(20));
+    let left = q.close();
+    assert_eq!(left.len(), 1);
+    assert!(matches!(
+        producer.join().unwrap(),
+        Err(PushError::Closed(5))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_producers_wait_for_room_and_lose_nothing() {
+    let q = Arc::new(
+        WfqQueue::<u32>::new(WfqConfig::with_capacity(8).admission(QueueAgeConfig::disabled()))
+            .unwrap(),
+    );
+    let producers: Vec<_> = (0..4u32)
+        .map(|p| {
+            let q = Arc::clone(&q);
+            tokio::spawn(async move {
+                for i in 0..5_000 {
+                    let ev = q
+                        .push_wait(p * 5_000 + i, Meta::new(Criticality::High))
+                        .await
+                        .unwrap();
+                    assert!(ev.is_empty());
+                }
+            })
+        })
+        .collect();
+    let mut got = Vec::new();
+    while got.len() < 20_000 {
+        got.push(q.pop().await.unwrap().into_entry().into_inner());
+    }
+    for p in producers {
+        p.await.unwrap();
+    }
+    got.sort_unstable();
+    assert_eq!(got, (0..20_000).collect::<Vec<_>>());
+}

@@ -116,6 +116,10 @@ pub struct Outcome {
     pub fifo_unserved: u64,
     pub stats: RuntimeStats,
     pub balances: bool,
+    /// Most messages inside the runtime at once during overload (sampled every 10 ms).
+    pub max_alive: u64,
+    /// What the runtime may hold at most: capacity + workers + held per source + deferring.
+    pub alive_bound: u64,
 }
 
 /// Defers into a second in-memory broker, the "deferred topic", drained back when load falls.
@@ -308,16 +312,26 @@ pub async fn run(p: &Params) -> Outcome {
     rt.attach(broker.source());
     rt.attach_drain(deferred.source());
     let s0 = rt.stats();
-    generate(
-        &clock,
-        &broker,
-        &tally,
-        capacity_per_s * p.factor,
-        p.duration,
-        p,
-        &mut rng,
-    )
-    .await;
+    let mut max_alive = 0u64;
+    {
+        let gen = generate(
+            &clock,
+            &broker,
+            &tally,
+            capacity_per_s * p.factor,
+            p.duration,
+            p,
+            &mut rng,
+        );
+        tokio::pin!(gen);
+        let mut every = tokio::time::interval(Duration::from_millis(10));
+        loop {
+            tokio::select! {
+                () = &mut gen => break,
+                _ = every.tick() => max_alive = max_alive.max(rt.stats().alive),
+            }
+        }
+    }
     let overload_end = tally.lock().msgs.len();
     let broker_lag_after_overload = broker.backlog();
     let s1 = rt.stats();
@@ -433,6 +447,15 @@ pub async fn run(p: &Params) -> Outcome {
         fifo_unserved,
         stats: report.stats,
         balances: report.stats.balances(),
+        max_alive,
+        alive_bound: {
+            let c = config(p);
+            // Two sources (the broker and the deferred drain) may each hold `max_held`.
+            (c.queue.capacity.get()
+                + c.workers.get()
+                + 2 * c.max_held.get()
+                + c.max_deferring.get()) as u64
+        },
     }
 }
 

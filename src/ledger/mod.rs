@@ -32,15 +32,15 @@
 //!
 //! # RabbitMQ
 //!
-//! One key per channel: delivery tags are sequential per channel from 1, so
-//! the same tracker applies. When the watermark is `w > 1`, a
-//! `basic.ack(delivery_tag = w - 1, multiple = true)` settles every outstanding
-//! delivery up to `w - 1`, and never covers an unsettled one. Never send it
-//! with tag 0 (`w == 1`): tag 0 with `multiple` means *all* outstanding
-//! deliveries. Failed messages are nacked individually (`requeue = false`, to
-//! the dead-letter exchange) before they are resolved; the multiple ack skips
-//! them because they are no longer outstanding. A closed channel redelivers
-//! everything unacknowledged: revoke its key, and reassign for the new channel.
+//! RabbitMQ settles deliveries one by one, and `triage-amqp` acks each delivery on its own
+//! rather than with `multiple = true` up to a watermark: a multiple ack would let one slow
+//! message hold back the acks of every later one and stall the whole prefetch window, and
+//! RabbitMQ closes the channel ("unknown delivery tag") when a multiple ack's own tag was
+//! already settled. Idempotence there comes from the set of outstanding tags per channel
+//! epoch, bounded by the prefetch. The tracker still fits a consumer that does want
+//! cumulative acks: delivery tags are sequential per channel from 1, and
+//! `basic.ack(w - 1, multiple = true)` never covers an unsettled delivery (never send it with
+//! tag 0, which means *all* outstanding deliveries).
 //!
 //! # Accounting
 //!

@@ -23,9 +23,17 @@ static NEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
 pub struct Epoch(u64);
 
 impl Epoch {
-    /// The raw generation number (for logs and metrics).
+    /// The raw generation number (for logs, metrics, and carrying in an
+    /// [`AckRef`](crate::runtime::AckRef)).
     pub const fn get(self) -> u64 {
         self.0
+    }
+
+    /// The epoch whose [`get`](Self::get) is `raw`: for a connector that carried it through
+    /// an [`AckRef`](crate::runtime::AckRef). A forged or stale value only ever makes
+    /// [`AckTracker::resolve`] answer `Stale`.
+    pub const fn from_raw(raw: u64) -> Self {
+        Epoch(raw)
     }
 
     fn next() -> Self {

@@ -77,12 +77,14 @@ impl<T> Core<T> {
 
     /// Pushes `item`, evicting the newest items of the lowest tiers strictly below it if the
     /// queue is full. All-or-nothing: if the room cannot be made, nothing is evicted.
+    /// On success also says whether the item became its tier's head (the tier was empty), the
+    /// only way a push changes the queue ages.
     pub(crate) fn push(
         &mut self,
         item: T,
         meta: Meta,
         now: impl FnOnce() -> Instant,
-    ) -> Result<Evictions<T>, PushError<T>> {
+    ) -> Result<(Evictions<T>, bool), PushError<T>> {
         let rank = meta.criticality.rank();
         if self.closed {
             return Err(self.refuse(RefuseReason::Closed, meta.criticality, item));
@@ -122,7 +124,7 @@ impl<T> Core<T> {
         self.bytes[rank] += size;
         self.total_bytes += size;
         self.stats[rank].pushed += 1;
-        Ok(Evictions::from_vec(evicted))
+        Ok((Evictions::from_vec(evicted), was_empty))
     }
 
     /// Removes the newest item of the lowest non-empty tier strictly below `rank`.
@@ -143,11 +145,24 @@ impl<T> Core<T> {
     /// Serves the next item by weight; an item whose deadline passed is handed back as expired
     /// without being charged to its tier's share.
     /// Only tiers whose bit is set in `mask` (bit `rank`) are considered.
-    pub(crate) fn pop(&mut self, now: Instant, mask: u8) -> Option<Dequeued<T>> {
+    ///
+    /// `recent` may lag the true time a little (see the `time` module): a deadline at or before
+    /// it has passed for sure; a later one is checked against `precise()`, so no expired item
+    /// is ever served, and items without a deadline cost no clock read.
+    pub(crate) fn pop(
+        &mut self,
+        recent: Instant,
+        precise: impl FnOnce() -> Instant,
+        mask: u8,
+    ) -> Option<Dequeued<T>> {
         let rank = self.sched.pick(self.backlogged() & mask)?;
         let e = self.tiers[rank].pop_front()?;
         self.take_out(rank, &e);
-        if e.is_expired(now) {
+        let expired = match e.meta.deadline {
+            None => false,
+            Some(d) => d <= recent || d <= precise(),
+        };
+        if expired {
             self.stats[rank].expired += 1;
             return Some(Dequeued::Expired(e));
         }

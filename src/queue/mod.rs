@@ -18,6 +18,12 @@
 //!   to its tier's share.
 //! - **Admit by queue age** before taking the lock (see [`crate::admission`]).
 //!
+//! # Time
+//!
+//! Items are stamped and deadlines compared with quanta's *recent* time (refreshed every
+//! millisecond by an upkeep thread started on first use), so the hot path reads the clock with
+//! one atomic load; queue ages are accurate to 1 ms, deadlines exactly (see `time.rs`).
+//!
 //! # Why a mutex
 //!
 //! Every operation touches scheduler state shared by the four tiers (the passes, the counts, the
@@ -33,6 +39,7 @@ mod entry;
 mod error;
 mod scheduler;
 mod stats;
+mod time;
 mod wfq;
 
 pub use config::{Weight, WeightError, WfqConfig, MAX_CAPACITY, MAX_WEIGHT};

@@ -19,6 +19,22 @@ use crate::{ConfigError, Criticality, PerTier};
 /// Shed level that refuses every tier because the queue is closed (levels 0..=4 are admission's).
 const CLOSED_LEVEL: u8 = u8::MAX;
 
+/// A consumer counted in `waiters`; uncounted on drop, so a cancelled pop uncounts too.
+pub(crate) struct WaitRegistration<'a>(&'a AtomicUsize);
+
+impl<'a> WaitRegistration<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        WaitRegistration(count)
+    }
+}
+
+impl Drop for WaitRegistration<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// A set of tiers, for [`WfqQueue::try_pop_masked`].
 ///
 /// # Examples
@@ -66,6 +82,8 @@ struct State<T> {
     core: Core<T>,
     admission: QueueAgeAdmission,
     config: WfqConfig,
+    /// When admission was last evaluated.
+    observed_at: Instant,
 }
 
 /// A bounded, weighted-fair, multi-producer multi-consumer queue with one FIFO per criticality
@@ -120,7 +138,19 @@ pub struct WfqQueue<T> {
     /// Pushes refused by admission, per rank: counted outside the lock.
     overloaded: [CachePadded<AtomicU64>; 4],
     not_empty: Event,
+    /// Consumers registered on `not_empty`. A push notifies only when it is non-zero: the
+    /// notification itself takes the event's lock and a fence, most of a push's cost otherwise.
+    /// A consumer counts itself before its last check under the queue lock, and a producer
+    /// reads the count after pushing under that lock, so the lock orders the two and no wake-up
+    /// is lost (see `tests/queue_concurrency.rs`).
+    waiters: AtomicUsize,
+    /// Producers waiting for room in [`push_timeout`](Self::push_timeout) or
+    /// [`push_wait`](Self::push_wait); same protocol as `waiters`.
+    not_full: Event,
+    full_waiters: AtomicUsize,
     clock: Clock,
+    /// Whether quanta's recent time is maintained (see the `time` module).
+    recent: bool,
 }
 
 impl<T> WfqQueue<T> {
@@ -151,12 +181,17 @@ impl<T> WfqQueue<T> {
                 core,
                 admission,
                 config,
+                observed_at: clock.now(),
             })),
             shed_level: CachePadded::new(AtomicU8::new(0)),
             len: AtomicUsize::new(0),
             overloaded: Default::default(),
             not_empty: Event::new(),
+            waiters: AtomicUsize::new(0),
+            not_full: Event::new(),
+            full_waiters: AtomicUsize::new(0),
             clock,
+            recent: super::time::recent_time_available(),
         })
     }
 
@@ -191,16 +226,38 @@ impl<T> WfqQueue<T> {
         let mut st = self.state.lock();
         let mut now = None;
         let res = st.core.push(item, meta, || {
-            let t = self.clock.now();
+            let t = self.now();
             now = Some(t);
             t
         });
-        if let Some(now) = now {
-            self.observe(&mut st, now);
-            drop(st);
-            self.not_empty.notify(1.additional());
+        match res {
+            Ok((evicted, new_head)) => {
+                // Ages change only when a head changes or time moves; recent time moves once a
+                // millisecond, so most pushes under load skip the re-evaluation exactly.
+                match now {
+                    Some(now) if new_head || !evicted.is_empty() || now != st.observed_at => {
+                        self.observe(&mut st, now);
+                    }
+                    _ => self.len.store(st.core.len(), Ordering::Relaxed),
+                }
+                drop(st);
+                if self.waiters.load(Ordering::Relaxed) > 0 {
+                    self.not_empty.notify(1.additional());
+                }
+                Ok(evicted)
+            }
+            Err(e) => Err(e),
         }
-        res
+    }
+
+    /// The queue's notion of now: recent time when available, else a clock read.
+    #[inline]
+    fn now(&self) -> Instant {
+        if self.recent {
+            self.clock.recent()
+        } else {
+            self.clock.now()
+        }
     }
 
     /// Serves the next item by weight without waiting.
@@ -233,13 +290,93 @@ impl<T> WfqQueue<T> {
                 TryPopError::Empty
             });
         }
-        let now = self.clock.now();
-        match st.core.pop(now, mask.0) {
+        let now = self.now();
+        match st.core.pop(now, || self.clock.now(), mask.0) {
             Some(d) => {
                 self.observe(&mut st, now);
+                drop(st);
+                if self.full_waiters.load(Ordering::Relaxed) > 0 {
+                    self.not_full.notify(1.additional());
+                }
                 Ok(d)
             }
             None => Err(TryPopError::Empty),
+        }
+    }
+
+    /// Like [`push`](Self::push), but while the queue is full with nothing lower to evict,
+    /// blocks the thread up to `timeout` (wall time) for room: backpressure for an in-process
+    /// producer. Any other refusal returns at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`push`](Self::push); [`PushError::Full`] once `timeout` has passed without room.
+    pub fn push_timeout(
+        &self,
+        item: T,
+        meta: Meta,
+        timeout: Duration,
+    ) -> Result<Evictions<T>, PushError<T>> {
+        let until = std::time::Instant::now().checked_add(timeout);
+        let mut item = match self.push(item, meta) {
+            Err(PushError::Full(item)) => item,
+            other => return other,
+        };
+        loop {
+            let waiting = WaitRegistration::new(&self.full_waiters);
+            let listener = self.not_full.listen();
+            item = match self.push(item, meta) {
+                Err(PushError::Full(item)) => item,
+                other => return other,
+            };
+            let woken = match until {
+                Some(until) => listener.wait_deadline(until).is_some(),
+                None => {
+                    listener.wait();
+                    true
+                }
+            };
+            drop(waiting);
+            if !woken {
+                return self.push(item, meta);
+            }
+            item = match self.push(item, meta) {
+                Err(PushError::Full(item)) => item,
+                other => return other,
+            };
+        }
+    }
+
+    /// Like [`push`](Self::push), but while the queue is full with nothing lower to evict,
+    /// waits (async) for room. Any other refusal returns at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`push`](Self::push), except [`PushError::Full`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: the item is inside the future, and dropping the future drops it. Wrap
+    /// it in a timeout only if losing the item is acceptable, or use [`push`](Self::push) and
+    /// keep the item yourself.
+    pub async fn push_wait(&self, item: T, meta: Meta) -> Result<Evictions<T>, PushError<T>> {
+        let mut item = match self.push(item, meta) {
+            Err(PushError::Full(item)) => item,
+            other => return other,
+        };
+        loop {
+            let waiting = WaitRegistration::new(&self.full_waiters);
+            let listener = self.not_full.listen();
+            item = match self.push(item, meta) {
+                Err(PushError::Full(item)) => item,
+                other => return other,
+            };
+            listener.await;
+            drop(waiting);
+            item = match self.push(item, meta) {
+                Err(PushError::Full(item)) => item,
+                other => return other,
+            };
         }
     }
 
@@ -260,6 +397,7 @@ impl<T> WfqQueue<T> {
                 Err(TryPopError::Closed) => return Err(Closed),
                 Err(TryPopError::Empty) => {}
             }
+            let waiting = self.wait_registration();
             let listener = self.not_empty.listen();
             match self.try_pop() {
                 Ok(d) => return Ok(d),
@@ -267,6 +405,7 @@ impl<T> WfqQueue<T> {
                 Err(TryPopError::Empty) => {}
             }
             listener.await;
+            drop(waiting);
         }
     }
 
@@ -285,6 +424,7 @@ impl<T> WfqQueue<T> {
                 Err(TryPopError::Closed) => return Err(PopTimeoutError::Closed),
                 Err(TryPopError::Empty) => {}
             }
+            let waiting = self.wait_registration();
             let listener = self.not_empty.listen();
             match self.try_pop() {
                 Ok(d) => return Ok(d),
@@ -298,6 +438,7 @@ impl<T> WfqQueue<T> {
                     true
                 }
             };
+            drop(waiting);
             if !woken {
                 return self.try_pop().map_err(|e| match e {
                     TryPopError::Closed => PopTimeoutError::Closed,
@@ -319,6 +460,7 @@ impl<T> WfqQueue<T> {
             items
         };
         self.not_empty.notify(usize::MAX);
+        self.not_full.notify(usize::MAX);
         items
     }
 
@@ -345,12 +487,22 @@ impl<T> WfqQueue<T> {
             .set_bounds(config.capacity.get(), config.max_bytes.map(|b| b.get()));
         st.admission.reconfigure(&config.admission);
         st.config = config;
-        let now = self.clock.now();
+        let now = self.now();
         self.observe(&mut st, now);
+        drop(st);
+        // A larger bound may have made room for blocked producers.
+        self.not_full.notify(usize::MAX);
         Ok(evicted)
     }
 
-    /// A listener woken by the next push or by close.
+    /// Counts a consumer as waiting until the guard drops. Take it before the listener and
+    /// before the last check of the queue.
+    pub(crate) fn wait_registration(&self) -> WaitRegistration<'_> {
+        WaitRegistration::new(&self.waiters)
+    }
+
+    /// A listener woken by the next push or by close. Hold a
+    /// [`wait_registration`](Self::wait_registration) while using it.
     pub(crate) fn listen(&self) -> event_listener::EventListener {
         self.not_empty.listen()
     }
@@ -359,13 +511,17 @@ impl<T> WfqQueue<T> {
     /// timer if the queue can sit idle while shed, so the shed level still reflects time passing.
     pub fn refresh_admission(&self) {
         let mut st = self.state.lock();
-        let now = self.clock.now();
+        let now = self.now();
         self.observe(&mut st, now);
     }
 
     fn observe(&self, st: &mut State<T>, now: Instant) {
-        let level = st.admission.observe(st.core.ages(now));
         self.len.store(st.core.len(), Ordering::Relaxed);
+        st.observed_at = now;
+        if !st.config.admission.enabled {
+            return;
+        }
+        let level = st.admission.observe(st.core.ages(now));
         if !st.core.is_closed() {
             self.shed_level.store(level, Ordering::Relaxed);
         }
@@ -416,7 +572,7 @@ impl<T> WfqQueue<T> {
     /// (zero when none waits). The global queue age is `ages().sheddable`.
     pub fn ages(&self) -> PerTier<Duration> {
         let st = self.state.lock();
-        let [s, m, h, c] = st.core.ages(self.clock.now());
+        let [s, m, h, c] = st.core.ages(self.now());
         PerTier::new(c, h, m, s)
     }
 

@@ -294,6 +294,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 Err(TryPopError::Closed) => return None,
                 Err(_) => {}
             }
+            let _waiting = self.queue.wait_registration();
             let on_push = self.queue.listen();
             let on_release = self.limit.listen();
             match self.queue.try_pop_masked(self.limit.allowed_mask()) {

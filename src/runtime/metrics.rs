@@ -1,4 +1,5 @@
-//! Every metric the runtime records, named and registered in one place.
+//! Every metric the runtime records, named and registered in one place. This module has no
+//! public items: it is the reference of the metric names.
 //!
 //! Names are under `triage_`; labels are from small fixed sets (`tier`, `reason`), never from
 //! message content. Handles are registered once at start, so recording is an atomic add on a

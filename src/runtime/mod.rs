@@ -27,7 +27,7 @@ mod intake;
 mod item;
 mod job;
 mod memory;
-pub(crate) mod metrics;
+pub mod metrics;
 mod report;
 mod sink;
 mod source;
@@ -290,18 +290,7 @@ impl<T: Send + Sync + 'static> Runtime<T> {
 
     /// The accounting right now.
     pub fn stats(&self) -> RuntimeStats {
-        let inner = &self.inner;
-        RuntimeStats {
-            ledger: inner.accounts.ledger.snapshot(),
-            queue: inner.queue.stats(),
-            alive: inner.accounts.alive.load(Ordering::Relaxed).max(0) as u64,
-            queued: inner.queue.len() as u64,
-            held: inner.held.load(Ordering::Relaxed).max(0) as u64,
-            running: inner.limit.in_flight() as u64,
-            limit: inner.limit.limit() as u64,
-            refused: per_tier(&inner.accounts.refused),
-            admitted: per_tier(&inner.accounts.admitted),
-        }
+        stats_of(&self.inner)
     }
 
     /// The load level handlers see (for brownout).
@@ -365,20 +354,24 @@ impl<T: Send + Sync + 'static> Runtime<T> {
             }
         }
         Report {
-            stats: RuntimeStats {
-                ledger: inner.accounts.ledger.snapshot(),
-                queue: inner.queue.stats(),
-                alive: inner.accounts.alive.load(Ordering::Relaxed).max(0) as u64,
-                queued: inner.queue.len() as u64,
-                held: inner.held.load(Ordering::Relaxed).max(0) as u64,
-                running: inner.limit.in_flight() as u64,
-                limit: inner.limit.limit() as u64,
-                refused: per_tier(&inner.accounts.refused),
-                admitted: per_tier(&inner.accounts.admitted),
-            },
+            stats: stats_of(&inner),
             grace_exceeded,
             elapsed: started.elapsed(),
         }
+    }
+}
+
+fn stats_of<T>(inner: &Inner<T>) -> RuntimeStats {
+    RuntimeStats {
+        ledger: inner.accounts.ledger.snapshot(),
+        queue: inner.queue.stats(),
+        alive: inner.accounts.alive.load(Ordering::Relaxed).max(0) as u64,
+        queued: inner.queue.len() as u64,
+        held: inner.held.load(Ordering::Relaxed).max(0) as u64,
+        running: inner.limit.in_flight() as u64,
+        limit: inner.limit.limit() as u64,
+        refused: per_tier(&inner.accounts.refused),
+        admitted: per_tier(&inner.accounts.admitted),
     }
 }
 

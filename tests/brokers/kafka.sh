@@ -11,7 +11,11 @@
 # status exit 0 and print "running" if the broker answers, else exit 1.
 # reset  stop and wipe the data (jars are kept).
 #
-# Everything lives in tests/brokers/.cache/ (git-ignored).
+# The jars live in tests/brokers/.cache/ (git-ignored). The broker's state (data, log, pid,
+# config) lives in one place per machine, $TRIAGE_BROKER_STATE (default
+# ${TMPDIR:-/tmp}/triage-brokers/kafka), so that any checkout of the project can stop and
+# restart the broker another one started (the tests restart it to test faults) without
+# losing its topics.
 # Env overrides: KAFKA_VERSION (default: newest of a tried list that resolves),
 # KAFKA_HEAP_OPTS (default -Xms256m -Xmx1g), KAFKA_START_TIMEOUT (default 120 s).
 set -euo pipefail
@@ -19,14 +23,15 @@ set -euo pipefail
 DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="$DIR/.cache"
 LIBS="$CACHE/kafka-libs"
-DATA="$CACHE/kafka-data"
-LOG="$CACHE/kafka.log"
-PIDF="$CACHE/kafka.pid"
-PROPS="$CACHE/kafka-server.properties"
-LOG4J="$CACHE/kafka-log4j2.properties"
+STATE="${TRIAGE_BROKER_STATE:-${TMPDIR:-/tmp}/triage-brokers}/kafka"
+DATA="$STATE/kafka-data"
+LOG="$STATE/kafka.log"
+PIDF="$STATE/kafka.pid"
+PROPS="$STATE/kafka-server.properties"
+LOG4J="$STATE/kafka-log4j2.properties"
 TOOLS_LOG4J="$CACHE/kafka-tools-log4j2.properties"
-CLUSTER_ID_FILE="$CACHE/kafka-cluster-id"
-LOCK="$CACHE/kafka.lock"
+CLUSTER_ID_FILE="$STATE/kafka-cluster-id"
+LOCK="$STATE/kafka.lock"
 HOST=127.0.0.1
 PORT=9092
 CONTROLLER_PORT=9093
@@ -219,7 +224,7 @@ format_storage() {
   fi
   say "formatting storage in $DATA (cluster id $cid)"
   tool_java kafka.tools.StorageTool format --standalone -t "$cid" -c "$PROPS" \
-    >"$CACHE/kafka-format.log" 2>&1 || { cat "$CACHE/kafka-format.log" >&2; die "storage format failed"; }
+    >"$STATE/kafka-format.log" 2>&1 || { cat "$STATE/kafka-format.log" >&2; die "storage format failed"; }
 }
 
 # Is the broker serving requests (not only listening)?
@@ -276,7 +281,7 @@ do_start() {
     -server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError \
     -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$LOG4J" \
-    -Dkafka.logs.dir="$CACHE" \
+    -Dkafka.logs.dir="$STATE" \
     -cp "$(classpath)" kafka.Kafka "$PROPS" \
     >"$LOG" 2>&1 </dev/null 9>&- &
   pid=$!
@@ -332,7 +337,7 @@ do_reset() {
 }
 
 cmd="${1:-start}"
-mkdir -p "$CACHE"
+mkdir -p "$CACHE" "$STATE"
 case "$cmd" in
   status) do_status ;;
   start|stop|reset)

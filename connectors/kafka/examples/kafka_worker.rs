@@ -98,6 +98,6 @@ async fn main() -> Result<(), Box<dyn Error>> {
         );
     }
     let report = runtime.shutdown(Duration::from_secs(10)).await;
-    println!("{:#?}", report.stats.ledger);
+    println!("{report}");
     Ok(())
 }

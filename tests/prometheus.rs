@@ -1,0 +1,82 @@
+//! The metrics endpoint: `/metrics` shows the runtime's metrics, `/healthz` answers, both on
+//! their own listener.
+#![cfg(feature = "prometheus")]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use triage::runtime::{Job, MemoryBroker, RefusalPolicy, Runtime, RuntimeConfig};
+use triage::{Criticality, PerTier};
+
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_liveness_are_served() {
+    let server = triage::observe::serve("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = server.local_addr();
+    let (status, body) = get(addr, "/healthz");
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    assert_eq!(get(addr, "/nope").0, 404);
+
+    let broker = MemoryBroker::new();
+    for i in 0..200u32 {
+        broker.publish(i, Criticality::ALL[(i % 4) as usize], None);
+    }
+    broker.close();
+    let mut config = RuntimeConfig::default();
+    config.queue.capacity = 8.try_into().unwrap();
+    config.policy = PerTier::new(
+        RefusalPolicy::Backpressure,
+        RefusalPolicy::Backpressure,
+        RefusalPolicy::Drop,
+        RefusalPolicy::Drop,
+    );
+    let mut rt = Runtime::builder(config)
+        .start(|_job: Job<u32>| async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            Ok(())
+        })
+        .unwrap();
+    rt.attach(broker.source());
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    let completed = report.stats.ledger.tier(Criticality::Critical).completed;
+    assert_eq!(completed, 50);
+
+    let (status, body) = get(addr, "/metrics");
+    assert_eq!(status, 200);
+    let line = body
+        .lines()
+        .find(|l| l.starts_with("triage_completed_total{tier=\"critical\"}"))
+        .unwrap_or_else(|| panic!("no critical completions in:\n{body}"));
+    assert!(line.ends_with(" 50"), "{line}");
+    for name in [
+        "triage_consumed_total",
+        "triage_admitted_total",
+        "triage_goodput_total",
+        "triage_handler_latency_seconds",
+        "triage_sojourn_seconds",
+    ] {
+        assert!(body.contains(name), "{name} missing from /metrics");
+    }
+    let shed: u64 = body
+        .lines()
+        .filter(|l| l.starts_with("triage_shed_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(shed, report.stats.ledger.total().shed);
+}
