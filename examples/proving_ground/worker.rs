@@ -1,0 +1,455 @@
+//! The worker process: the triage runtime over a real Kafka topic or RabbitMQ queue, a handler
+//! with a fixed service time, and an append-only disposition log.
+//!
+//! The harness starts it as a child process (`proving_ground worker ...`, or the test binary
+//! re-executing itself) so that it can `kill -9` it. Every disposition is written to the log
+//! from the runtime's `observe` hook, which runs before the message is acknowledged, with one
+//! unbuffered `write(2)` per line: once a message is acked its line is in the kernel's page
+//! cache, and `kill -9` does not lose it. A line is `id,disposition,tier,unix_ms,sojourn_us`
+//! (sojourn only for completions: enqueue to dequeue, from the job).
+//!
+//! Besides the log the worker keeps a small stats file (rewritten every 250 ms and at exit):
+//! the runtime's refusal and eviction counters and the reject-cost histogram, captured by a
+//! minimal `metrics` recorder installed in this process.
+
+// Shared by the example and tests/proving_ground.rs; each uses a part.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use triage::ledger::Disposition;
+use triage::queue::WfqConfig;
+use triage::runtime::{HandlerError, Job, Runtime, RuntimeConfig};
+use triage::Criticality;
+
+/// Which broker a worker or a run talks to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BrokerKind {
+    /// Kafka on 127.0.0.1:9092.
+    Kafka,
+    /// RabbitMQ on 127.0.0.1:5672.
+    Amqp,
+}
+
+impl BrokerKind {
+    /// Lowercase name, for file names and the report.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BrokerKind::Kafka => "kafka",
+            BrokerKind::Amqp => "amqp",
+        }
+    }
+}
+
+/// Kafka bootstrap servers of the project's test broker.
+pub const KAFKA: &str = "127.0.0.1:9092";
+/// RabbitMQ URI of the project's test broker.
+pub const AMQP: &str = "amqp://127.0.0.1:5672/%2f";
+
+/// Arguments of the `worker` subcommand.
+#[derive(Clone, Debug, clap::Args)]
+pub struct WorkerArgs {
+    /// Broker to consume from.
+    #[arg(long, value_enum)]
+    pub broker: BrokerKind,
+    /// Topic or queue; deferrals go to `<topic>.deferred`, dead letters to `<topic>.dead`.
+    #[arg(long)]
+    pub topic: String,
+    /// Kafka consumer group.
+    #[arg(long, default_value = "proving-ground")]
+    pub group: String,
+    /// Kafka static membership id (`group.instance.id`): a restarted worker with the same id
+    /// takes its partitions back at once instead of waiting for the session timeout.
+    #[arg(long)]
+    pub instance: Option<String>,
+    /// Handler service time, milliseconds.
+    #[arg(long, default_value_t = 2)]
+    pub service_ms: u64,
+    /// Worker tasks (fixed concurrency).
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Runtime queue capacity, messages.
+    #[arg(long, default_value_t = 256)]
+    pub capacity: usize,
+    /// Messages the intake holds under backpressure before pausing the source (the
+    /// runtime's `max_held`). Large, so that a refused High message does not pause the
+    /// partition in front of the Critical ones behind it.
+    #[arg(long, default_value_t = 4096)]
+    pub max_held: usize,
+    /// Disposition log (appended).
+    #[arg(long)]
+    pub log: PathBuf,
+    /// Stats file (rewritten).
+    #[arg(long)]
+    pub stats: PathBuf,
+}
+
+/// The message id and poison flag from a payload `id,tier,produced_ms,poison`.
+pub fn parse_payload(body: &[u8]) -> (&str, bool) {
+    let text = std::str::from_utf8(body).unwrap_or("");
+    let mut parts = text.split(',');
+    let id = parts.next().unwrap_or("");
+    let poison = parts.nth(2) == Some("1");
+    (id, poison)
+}
+
+fn body_of_kafka(m: &triage_kafka::KafkaMessage) -> &[u8] {
+    m.payload.as_deref().unwrap_or(&[])
+}
+
+fn body_of_amqp(m: &triage_amqp::AmqpMessage) -> &[u8] {
+    m.body()
+}
+
+/// The disposition log: one unbuffered append per line.
+struct DispositionLog {
+    file: Mutex<File>,
+    /// Sojourn of completed jobs, from the handler to the observer, by id.
+    sojourn: Mutex<HashMap<String, u64>>,
+}
+
+impl DispositionLog {
+    fn open(path: &Path) -> std::io::Result<Self> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(DispositionLog {
+            file: Mutex::new(file),
+            sojourn: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn record(&self, body: &[u8], tier: Criticality, disposition: Disposition) {
+        let (id, _) = parse_payload(body);
+        let sojourn = if disposition == Disposition::Completed {
+            self.sojourn
+                .lock()
+                .remove(id)
+                .map(|us| us.to_string())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let line = format!(
+            "{id},{},{},{},{sojourn}\n",
+            disposition.as_str(),
+            tier.as_str(),
+            unix_ms()
+        );
+        // One write per line, before the ack: a failed write is reported, never hidden.
+        if let Err(e) = self.file.lock().write_all(line.as_bytes()) {
+            eprintln!("worker: cannot write the disposition log: {e}");
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A minimal `metrics` recorder: counters by name and labels, and the reject-cost histogram.
+#[derive(Default)]
+struct Recorder {
+    counters: Mutex<Vec<(String, Arc<Cell>)>>,
+    reject: Arc<RejectCost>,
+}
+
+#[derive(Default)]
+struct Cell(AtomicU64);
+
+impl metrics::CounterFn for Cell {
+    fn increment(&self, value: u64) {
+        self.0.fetch_add(value, Ordering::Relaxed);
+    }
+    fn absolute(&self, value: u64) {
+        self.0.fetch_max(value, Ordering::Relaxed);
+    }
+}
+
+/// Samples of `triage_reject_cost_seconds`, in nanoseconds.
+#[derive(Default)]
+struct RejectCost {
+    samples: Mutex<Vec<u64>>,
+}
+
+impl metrics::HistogramFn for RejectCost {
+    fn record(&self, value: f64) {
+        let mut s = self.samples.lock();
+        if s.len() < 100_000 {
+            s.push((value * 1e9) as u64);
+        }
+    }
+}
+
+fn key_name(key: &metrics::Key) -> String {
+    let mut name = key.name().to_owned();
+    for label in key.labels() {
+        name.push('.');
+        name.push_str(label.value());
+    }
+    name
+}
+
+/// The recorder as installed (the trait is foreign, so is `Arc`).
+struct Shared(Arc<Recorder>);
+
+impl metrics::Recorder for Shared {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        let name = key_name(key);
+        if !(name.starts_with("triage_refused_total") || name.starts_with("triage_shed_total")) {
+            return metrics::Counter::noop();
+        }
+        let cell = Arc::new(Cell::default());
+        self.0.counters.lock().push((name, Arc::clone(&cell)));
+        metrics::Counter::from_arc(cell)
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        key: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        if key.name() == "triage_reject_cost_seconds" {
+            metrics::Histogram::from_arc(Arc::clone(&self.0.reject))
+        } else {
+            metrics::Histogram::noop()
+        }
+    }
+}
+
+impl Recorder {
+    /// `name value` lines: every captured counter, then the reject-cost samples.
+    fn render(&self) -> String {
+        let mut out = String::new();
+        for (name, cell) in self.counters.lock().iter() {
+            out.push_str(&format!("{name} {}\n", cell.0.load(Ordering::Relaxed)));
+        }
+        let samples = self.reject.samples.lock();
+        out.push_str("reject_cost_ns");
+        for s in samples.iter() {
+            out.push_str(&format!(" {s}"));
+        }
+        out.push('\n');
+        out
+    }
+}
+
+fn write_stats(path: &Path, recorder: &Recorder, cpu: Option<(u64, u64)>) {
+    let mut text = recorder.render();
+    if let Some((user, system)) = cpu {
+        text.push_str(&format!("cpu_ticks {}\n", user + system));
+    }
+    let tmp = path.with_extension("tmp");
+    if std::fs::write(&tmp, text).is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    }
+}
+
+/// This process's user and system CPU time, in clock ticks, from `/proc/self/stat`.
+pub fn cpu_ticks(pid: Option<u32>) -> Option<(u64, u64)> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/stat"),
+        None => "/proc/self/stat".to_owned(),
+    };
+    let stat = std::fs::read_to_string(path).ok()?;
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some((fields.get(11)?.parse().ok()?, fields.get(12)?.parse().ok()?))
+}
+
+/// Runs the worker until SIGTERM or SIGINT, then shuts down gracefully.
+///
+/// # Errors
+///
+/// When the log cannot be opened, a broker cannot be reached at start, or the configuration
+/// is out of range.
+pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let recorder = Arc::new(Recorder::default());
+    metrics::set_global_recorder(Shared(Arc::clone(&recorder)))
+        .map_err(|_| "a metrics recorder is already installed")?;
+    let log = Arc::new(DispositionLog::open(&args.log)?);
+    let workers = NonZeroUsize::new(args.workers).ok_or("--workers must be at least 1")?;
+    let capacity = NonZeroUsize::new(args.capacity).ok_or("--capacity must be at least 1")?;
+    let config = RuntimeConfig {
+        workers,
+        queue: WfqConfig::with_capacity(capacity.get()),
+        max_held: NonZeroUsize::new(args.max_held).ok_or("--max-held must be at least 1")?,
+        ..RuntimeConfig::default()
+    };
+    let service = Duration::from_millis(args.service_ms);
+    let deferred = format!("{}.deferred", args.topic);
+    let dead = format!("{}.dead", args.topic);
+
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let stats_path = args.stats.clone();
+    let report = match args.broker {
+        BrokerKind::Kafka => {
+            use triage_kafka::{drain, KafkaDeferSink, KafkaMessage, KafkaSinkConfig};
+            use triage_kafka::{KafkaSource, KafkaSourceConfig};
+            let sink = |topic: &str| {
+                let mut c = KafkaSinkConfig::new(KAFKA, topic);
+                c.message_timeout_ms = 30_000;
+                c.properties.insert("linger.ms".into(), "2".into());
+                KafkaDeferSink::new(c)
+            };
+            let observer = Arc::clone(&log);
+            let sojourn = Arc::clone(&log);
+            let mut runtime = Runtime::builder(config)
+                .defer_sink(Arc::new(sink(&deferred)?))
+                .dead_letter_sink(Arc::new(sink(&dead)?))
+                .observe(move |m: &KafkaMessage, tier, d| {
+                    observer.record(body_of_kafka(m), tier, d)
+                })
+                .start(move |job: Job<KafkaMessage>| {
+                    let sojourn = Arc::clone(&sojourn);
+                    async move {
+                        tokio::time::sleep(service).await;
+                        let (id, poison) = parse_payload(body_of_kafka(job.payload()));
+                        if poison {
+                            return Err(HandlerError::permanent("poison message"));
+                        }
+                        sojourn
+                            .sojourn
+                            .lock()
+                            .insert(id.to_owned(), job.sojourn().as_micros() as u64);
+                        Ok(())
+                    }
+                })?;
+            let source_config = |group: String, topic: &str, suffix: &str| {
+                let mut c = KafkaSourceConfig::new(KAFKA, group, [topic]);
+                c.commit_interval_ms = 200;
+                // librdkafka (2.x) postpones the next fetch by `fetch.queue.backoff.ms`
+                // (default 1000) whenever its queue holds `queued.min.messages` (here the
+                // source's `max_prefetch_messages`): with the defaults a source slower than the
+                // broker for a moment is throttled to about that many messages per second.
+                c.max_prefetch_messages = 4000;
+                c.properties
+                    .insert("fetch.queue.backoff.ms".into(), "5".into());
+                c.criticality.trusted_topics = vec![topic.to_owned()];
+                // The broker's minimum: a killed dynamic member is noticed within 6 s.
+                c.properties
+                    .insert("session.timeout.ms".into(), "6000".into());
+                c.properties
+                    .insert("heartbeat.interval.ms".into(), "1000".into());
+                if let Some(instance) = &args.instance {
+                    c.properties
+                        .insert("group.instance.id".into(), format!("{instance}{suffix}"));
+                }
+                c
+            };
+            runtime.attach(
+                KafkaSource::builder(source_config(args.group.clone(), &args.topic, "")).build()?,
+            );
+            runtime.attach_drain(
+                drain::builder(source_config(
+                    format!("{}-drain", args.group),
+                    &deferred,
+                    "-drain",
+                ))
+                .build()?,
+            );
+            serve(runtime, &mut terminate, &recorder, &stats_path).await
+        }
+        BrokerKind::Amqp => {
+            use triage_amqp::{AmqpDeferSink, AmqpMessage, AmqpSinkConfig, AmqpSource};
+            use triage_amqp::{AmqpSourceConfig, PriorityMapping};
+            let observer = Arc::clone(&log);
+            let sojourn = Arc::clone(&log);
+            let mut runtime = Runtime::builder(config)
+                .defer_sink(Arc::new(
+                    AmqpDeferSink::connect(AmqpSinkConfig::new(AMQP, &deferred)).await?,
+                ))
+                .dead_letter_sink(Arc::new(
+                    AmqpDeferSink::connect(AmqpSinkConfig::new(AMQP, &dead)).await?,
+                ))
+                .observe(move |m: &AmqpMessage, tier, d| observer.record(body_of_amqp(m), tier, d))
+                .start(move |job: Job<AmqpMessage>| {
+                    let sojourn = Arc::clone(&sojourn);
+                    async move {
+                        tokio::time::sleep(service).await;
+                        let (id, poison) = parse_payload(body_of_amqp(job.payload()));
+                        if poison {
+                            return Err(HandlerError::permanent("poison message"));
+                        }
+                        sojourn
+                            .sojourn
+                            .lock()
+                            .insert(id.to_owned(), job.sojourn().as_micros() as u64);
+                        Ok(())
+                    }
+                })?;
+            let prefetch = u16::try_from(capacity.get().min(256)).unwrap_or(256);
+            let mut main = AmqpSourceConfig::new(AMQP, &args.topic);
+            main.prefetch = prefetch;
+            main.dead_letter_via_sink = true;
+            main.classify.trusted_queues = vec![args.topic.clone()];
+            runtime.attach(AmqpSource::connect(main, capacity).await?);
+            // The drain: every deferred message is Sheddable (all priorities map to it).
+            let mut drain = AmqpSourceConfig::new(AMQP, &deferred);
+            drain.prefetch = prefetch;
+            drain.dead_letter_via_sink = true;
+            drain.classify.default_tier = Criticality::Sheddable;
+            drain.classify.priority = PriorityMapping {
+                sheddable_max: 252,
+                medium_max: 253,
+                high_max: 254,
+            };
+            runtime.attach_drain(AmqpSource::connect(drain, capacity).await?);
+            serve(runtime, &mut terminate, &recorder, &stats_path).await
+        }
+    };
+    println!("{report}");
+    Ok(())
+}
+
+async fn serve<T: Send + Sync + 'static>(
+    runtime: Runtime<T>,
+    terminate: &mut tokio::signal::unix::Signal,
+    recorder: &Recorder,
+    stats: &Path,
+) -> triage::runtime::Report {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            _ = terminate.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = tick.tick() => write_stats(stats, recorder, cpu_ticks(None)),
+        }
+    }
+    let report = runtime.shutdown(Duration::from_secs(15)).await;
+    write_stats(stats, recorder, cpu_ticks(None));
+    report
+}
