@@ -1,7 +1,7 @@
 //! The criticality ladder: four fixed levels, retries demoted one level.
 //!
 //! After Google SRE's criticality classes as described in the load-shedding literature
-//! (see `../shared/seeds/000`): four levels, not twenty, because every level added is a level
+//! (the load-shedding literature on criticality ladders): four levels, not twenty, because every level added is a level
 //! nobody maintains. A retry is worth strictly less than a first attempt, so it is demoted one
 //! level; under load first attempts win and retries lose, which helps the system recover.
 

@@ -407,7 +407,7 @@ fn invalid_config_names_the_field_and_range() {
         ),
         (
             "[limit]\nkind = \"aimd\"\nbackoff_ratio = 1.5",
-            "limit.aimd.backoff_ratio",
+            "limit.backoff_ratio",
         ),
         (
             "[queue.admission]\nexit_ratio = 1.0",
@@ -419,4 +419,106 @@ fn invalid_config_names_the_field_and_range() {
         let err = RuntimeConfig::from_toml(text).unwrap_err().to_string();
         assert!(err.contains(expected), "{text:?}: {err}");
     }
+}
+
+/// Regression: with the hung handler in any worker but the first, shutdown used to await an
+/// already finished worker again and panic instead of returning its report.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn shutdown_with_a_hung_handler_returns_a_report_whatever_the_worker() {
+    for _ in 0..20 {
+        let broker = MemoryBroker::new();
+        broker.publish(0u32, Criticality::Critical, None);
+        broker.publish(1u32, Criticality::Critical, None);
+        let mut rt = Runtime::builder(config(4, 8))
+            .start(|job: Job<u32>| async move {
+                if *job.payload() == 1 {
+                    std::future::pending::<()>().await;
+                }
+                Ok(())
+            })
+            .unwrap();
+        rt.attach(broker.source());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let report = rt.shutdown(Duration::from_secs(1)).await;
+        assert!(report.grace_exceeded);
+        assert_eq!(broker.acks().completed, 1);
+        assert_eq!(broker.acks().released, 1);
+        assert!(report.stats.balances(), "{report}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn shutdown_accepts_an_unbounded_grace() {
+    let broker = MemoryBroker::new();
+    broker.publish(0u32, Criticality::High, None);
+    broker.close();
+    let mut rt = Runtime::builder(config(1, 8))
+        .start(|_job: Job<u32>| async { Ok(()) })
+        .unwrap();
+    rt.attach(broker.source());
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::MAX).await;
+    assert!(!report.grace_exceeded);
+    assert_eq!(broker.acks().completed, 1);
+}
+
+/// Regression: a submission that evicts a queued Backpressure-tier message is accepted, and
+/// the evicted message is held and served later, never handed to the submitter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_submit_that_evicts_keeps_both_messages() {
+    use triage::runtime::{Ack, Envelope};
+    let mut c = config(1, 2);
+    c.queue.admission = QueueAgeConfig::disabled();
+    c.policy = PerTier::splat(RefusalPolicy::Backpressure);
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let (g2, s2) = (Arc::clone(&gate), Arc::clone(&served));
+    let rt = Runtime::builder(c)
+        .start(move |job: Job<&'static str>| {
+            let (g, s) = (Arc::clone(&g2), Arc::clone(&s2));
+            async move {
+                g.acquire().await.unwrap().forget();
+                s.lock().push(*job.payload());
+                Ok(())
+            }
+        })
+        .unwrap();
+    let env = |p, t| Envelope::new(p, t, Ack::noop());
+    rt.try_submit(env("busy", Criticality::High)).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    rt.try_submit(env("high-a", Criticality::High)).unwrap();
+    rt.try_submit(env("high-b", Criticality::High)).unwrap();
+    // Full: the Critical message evicts the newest High one, and is accepted.
+    rt.try_submit(env("critical", Criticality::Critical))
+        .unwrap();
+    gate.add_permits(100);
+    rt.wait_idle().await;
+    let mut served = served.lock().clone();
+    served.sort_unstable();
+    assert_eq!(served, vec!["busy", "critical", "high-a", "high-b"]);
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    assert_eq!(report.stats.ledger.total().released, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_observer_costs_no_message_and_no_worker() {
+    let broker = MemoryBroker::new();
+    for i in 0..10u32 {
+        broker.publish(i, Criticality::Medium, None);
+    }
+    broker.close();
+    let mut rt = Runtime::builder(config(1, 16))
+        .observe(|id: &u32, _, _| {
+            if id % 2 == 0 {
+                panic!("observer bug");
+            }
+        })
+        .start(|_job: Job<u32>| async { Ok(()) })
+        .unwrap();
+    rt.attach(broker.source());
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(broker.acks().completed, 10);
+    assert!(report.stats.balances(), "{report}");
 }

@@ -13,7 +13,7 @@ pub const MAX_CUTOFF_MS: u64 = 3_600_000;
 /// Queue-age admission: each tier is admitted only while the queue age it sees is below its
 /// cut-off.
 ///
-/// Defaults come from the criticality-ladder article (seed 000): Critical 400 ms, High 200 ms,
+/// Defaults come from the criticality-ladder load-shedding article: Critical 400 ms, High 200 ms,
 /// Medium 80 ms, Sheddable 20 ms, and re-admission once the signal falls to half the cut-off.
 ///
 /// # Examples

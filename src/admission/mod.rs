@@ -1,8 +1,9 @@
 //! Admission: deciding, before any expensive work, whether a message may enter.
 //!
 //! The signal is **queue age**, the wait of the oldest item, because it says whether anyone is
-//! still waiting and it leads the collapse instead of trailing it as CPU does (seeds 000 and
-//! 002; CoDel makes the same argument for sojourn time). Each tier has a cut-off: Critical
+//! still waiting and it leads the collapse instead of trailing it as CPU does (the
+//! load-shedding literature this design started from; CoDel makes the same argument for
+//! sojourn time). Each tier has a cut-off: Critical
 //! 400 ms, High 200 ms, Medium 80 ms, Sheddable 20 ms by default.
 //!
 //! # Why a queue age per tier

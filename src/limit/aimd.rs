@@ -100,13 +100,13 @@ impl AimdConfig {
     /// # Errors
     ///
     /// [`LimitConfigError`] naming the first offending field, e.g.
-    /// `limit.aimd.backoff_ratio = 1.5 is out of range: allowed (0, 1)`.
+    /// `limit.backoff_ratio = 1.5 is out of range: allowed (0, 1)`.
     pub fn validate(&self) -> Result<(), LimitConfigError> {
         check_bounds(
             Fields {
-                initial: "limit.aimd.initial",
-                min: "limit.aimd.min",
-                max: "limit.aimd.max",
+                initial: "limit.initial",
+                min: "limit.min",
+                max: "limit.max",
             },
             self.initial,
             self.min,
@@ -115,14 +115,14 @@ impl AimdConfig {
         // Written as a negated conjunction so that NaN is rejected too.
         if !(self.backoff_ratio > 0.0 && self.backoff_ratio < 1.0) {
             return Err(LimitConfigError::new(
-                "limit.aimd.backoff_ratio",
+                "limit.backoff_ratio",
                 self.backoff_ratio,
                 "(0, 1)",
             ));
         }
         if self.timeout_ms == 0 {
             return Err(LimitConfigError::new(
-                "limit.aimd.timeout_ms",
+                "limit.timeout_ms",
                 self.timeout_ms,
                 format!("[1, {}]", u64::MAX),
             ));
@@ -312,15 +312,15 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             err.to_string(),
-            "limit.aimd.backoff_ratio = 1.5 is out of range: allowed (0, 1)"
+            "limit.backoff_ratio = 1.5 is out of range: allowed (0, 1)"
         );
         let err = AimdConfig::default()
             .with_backoff_ratio(f64::NAN)
             .validate()
             .unwrap_err();
-        assert_eq!(err.field, "limit.aimd.backoff_ratio");
+        assert_eq!(err.field, "limit.backoff_ratio");
         let err = AimdConfig::default().with_min(0).validate().unwrap_err();
-        assert_eq!(err.field, "limit.aimd.min");
+        assert_eq!(err.field, "limit.min");
         let err = AimdConfig::default()
             .with_min(10)
             .with_max(5)
@@ -328,7 +328,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             err.to_string(),
-            "limit.aimd.max = 5 is out of range: allowed [10 (min), 1000000]"
+            "limit.max = 5 is out of range: allowed [10 (min), 1000000]"
         );
         let err = AimdConfig::default()
             .with_initial(500)
@@ -336,13 +336,13 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             err.to_string(),
-            "limit.aimd.initial = 500 is out of range: allowed [1 (min), 200 (max)]"
+            "limit.initial = 500 is out of range: allowed [1 (min), 200 (max)]"
         );
         let err = AimdConfig::default()
             .with_timeout(Duration::ZERO)
             .validate()
             .unwrap_err();
-        assert_eq!(err.field, "limit.aimd.timeout_ms");
+        assert_eq!(err.field, "limit.timeout_ms");
         assert!(AimdConfig::default().validate().is_ok());
     }
 }

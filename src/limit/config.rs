@@ -59,7 +59,7 @@ impl LimitConfig {
     /// # Errors
     ///
     /// [`LimitConfigError`] naming the first offending field and its allowed
-    /// range, e.g. `limit.aimd.backoff_ratio = 1.5 is out of range: allowed (0, 1)`.
+    /// range, e.g. `limit.backoff_ratio = 1.5 is out of range: allowed (0, 1)`.
     pub fn validate(&self) -> Result<(), LimitConfigError> {
         self.build().map(|_| ())
     }
@@ -98,7 +98,7 @@ mod tests {
         assert_eq!(LimitConfig::default().build().unwrap().limit(), 20);
         assert_eq!(LimitConfig::Fixed { limit: 8 }.build().unwrap().limit(), 8);
         let e = LimitConfig::Fixed { limit: 0 }.validate().unwrap_err();
-        assert_eq!(e.field, "limit.fixed.limit");
+        assert_eq!(e.field, "limit.limit");
 
         let e = LimitConfig::Aimd(AimdConfig {
             backoff_ratio: 1.5,
@@ -108,7 +108,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "limit.aimd.backoff_ratio = 1.5 is out of range: allowed (0, 1)"
+            "limit.backoff_ratio = 1.5 is out of range: allowed (0, 1)"
         );
 
         let e = LimitConfig::Gradient2(Gradient2Config {
@@ -119,7 +119,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "limit.gradient2.initial = 0 is out of range: allowed [1 (min), 200 (max)]"
+            "limit.initial = 0 is out of range: allowed [1 (min), 200 (max)]"
         );
         let g = LimitConfig::Gradient2(Gradient2Config::default().with_initial(7))
             .build()

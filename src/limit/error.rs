@@ -3,13 +3,13 @@
 /// A limit or share setting is out of range.
 ///
 /// Displays as `"<field> = <value> is out of range: allowed <range>"`, e.g.
-/// `limit.aimd.backoff_ratio = 1.5 is out of range: allowed (0, 1)`, so that an
+/// `limit.backoff_ratio = 1.5 is out of range: allowed (0, 1)`, so that an
 /// operator can find the offending key in the config file without reading code.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{field} = {value} is out of range: allowed {allowed}")]
 #[non_exhaustive]
 pub struct LimitConfigError {
-    /// Dotted config path of the offending field, e.g. `limit.aimd.backoff_ratio`.
+    /// Dotted config path of the offending field, e.g. `limit.backoff_ratio`.
     pub field: &'static str,
     /// The rejected value, formatted with `Display`.
     pub value: String,

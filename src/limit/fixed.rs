@@ -29,12 +29,12 @@ impl Fixed {
     ///
     /// # Errors
     ///
-    /// [`LimitConfigError`] naming `limit.fixed.limit` if `limit` is outside
+    /// [`LimitConfigError`] naming `limit.limit` if `limit` is outside
     /// `[1, MAX_LIMIT]`: a limit of 0 would never run anything.
     pub fn new(limit: usize) -> Result<Self, LimitConfigError> {
         if !(1..=MAX_LIMIT).contains(&limit) {
             return Err(LimitConfigError::new(
-                "limit.fixed.limit",
+                "limit.limit",
                 limit,
                 format!("[1, {MAX_LIMIT}]"),
             ));
@@ -60,10 +60,10 @@ mod tests {
     #[test]
     fn rejects_zero_and_huge() {
         let err = Fixed::new(0).unwrap_err();
-        assert_eq!(err.field, "limit.fixed.limit");
+        assert_eq!(err.field, "limit.limit");
         assert_eq!(
             err.to_string(),
-            "limit.fixed.limit = 0 is out of range: allowed [1, 1000000]"
+            "limit.limit = 0 is out of range: allowed [1, 1000000]"
         );
         assert!(Fixed::new(MAX_LIMIT + 1).is_err());
         assert_eq!(Fixed::new(MAX_LIMIT).unwrap().limit(), MAX_LIMIT);

@@ -130,13 +130,13 @@ impl Gradient2Config {
     /// # Errors
     ///
     /// [`LimitConfigError`] naming the first offending field, e.g.
-    /// `limit.gradient2.smoothing = 0 is out of range: allowed (0, 1]`.
+    /// `limit.smoothing = 0 is out of range: allowed (0, 1]`.
     pub fn validate(&self) -> Result<(), LimitConfigError> {
         check_bounds(
             Fields {
-                initial: "limit.gradient2.initial",
-                min: "limit.gradient2.min",
-                max: "limit.gradient2.max",
+                initial: "limit.initial",
+                min: "limit.min",
+                max: "limit.max",
             },
             self.initial,
             self.min,
@@ -145,28 +145,28 @@ impl Gradient2Config {
         // Negated conjunctions so that NaN is rejected too.
         if !(self.tolerance >= 1.0 && self.tolerance <= 100.0) {
             return Err(LimitConfigError::new(
-                "limit.gradient2.tolerance",
+                "limit.tolerance",
                 self.tolerance,
                 "[1, 100]",
             ));
         }
         if !(self.smoothing > 0.0 && self.smoothing <= 1.0) {
             return Err(LimitConfigError::new(
-                "limit.gradient2.smoothing",
+                "limit.smoothing",
                 self.smoothing,
                 "(0, 1]",
             ));
         }
         if !(1..=1_000_000).contains(&self.long_window) {
             return Err(LimitConfigError::new(
-                "limit.gradient2.long_window",
+                "limit.long_window",
                 self.long_window,
                 "[1, 1000000]",
             ));
         }
         if !(1..=self.long_window).contains(&self.short_window) {
             return Err(LimitConfigError::new(
-                "limit.gradient2.short_window",
+                "limit.short_window",
                 self.short_window,
                 format!("[1, {} (long_window)]", self.long_window),
             ));
@@ -174,7 +174,7 @@ impl Gradient2Config {
         if let Some(q) = self.queue_size {
             if !(1..=MAX_LIMIT).contains(&q) {
                 return Err(LimitConfigError::new(
-                    "limit.gradient2.queue_size",
+                    "limit.queue_size",
                     q,
                     format!("[1, {MAX_LIMIT}]"),
                 ));
@@ -475,7 +475,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "limit.gradient2.smoothing = 0 is out of range: allowed (0, 1]"
+            "limit.smoothing = 0 is out of range: allowed (0, 1]"
         );
         let e = Gradient2Config::default()
             .with_tolerance(0.9)
@@ -483,7 +483,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "limit.gradient2.tolerance = 0.9 is out of range: allowed [1, 100]"
+            "limit.tolerance = 0.9 is out of range: allowed [1, 100]"
         );
         let e = Gradient2Config::default()
             .with_short_window(601)
@@ -491,23 +491,23 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "limit.gradient2.short_window = 601 is out of range: allowed [1, 600 (long_window)]"
+            "limit.short_window = 601 is out of range: allowed [1, 600 (long_window)]"
         );
         let e = Gradient2Config::default()
             .with_long_window(0)
             .validate()
             .unwrap_err();
-        assert_eq!(e.field, "limit.gradient2.long_window");
+        assert_eq!(e.field, "limit.long_window");
         let e = Gradient2Config::default()
             .with_queue_size(Some(0))
             .validate()
             .unwrap_err();
-        assert_eq!(e.field, "limit.gradient2.queue_size");
+        assert_eq!(e.field, "limit.queue_size");
         let e = Gradient2Config::default()
             .with_max(0)
             .validate()
             .unwrap_err();
-        assert_eq!(e.field, "limit.gradient2.max");
+        assert_eq!(e.field, "limit.max");
         assert!(Gradient2Config::default().validate().is_ok());
     }
 }

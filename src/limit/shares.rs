@@ -53,7 +53,7 @@ const ONE: u64 = 1 << 32;
 /// assert_eq!(shares.allowed(100, Criticality::High), 90);
 /// assert_eq!(shares.allowed(1, Criticality::Sheddable), 1);
 /// let err = TierShares::new(1.0, 0.9, 0.95, 0.5).unwrap_err();
-/// assert_eq!(err.field, "limit.shares.medium");
+/// assert_eq!(err.field, "shares.medium");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "SharesConfig", into = "SharesConfig")]
@@ -77,7 +77,7 @@ impl TierShares {
     ///
     /// # Errors
     ///
-    /// [`LimitConfigError`] naming `limit.shares.<tier>` if a share is outside
+    /// [`LimitConfigError`] naming `shares.<tier>` if a share is outside
     /// `(0, 1]`, or is larger than the share of the tier above it (shares must
     /// not increase from Critical down to Sheddable).
     pub fn new(
@@ -165,10 +165,10 @@ impl TryFrom<SharesConfig> for TierShares {
 
     fn try_from(c: SharesConfig) -> Result<Self, Self::Error> {
         let ordered = [
-            ("limit.shares.critical", c.critical),
-            ("limit.shares.high", c.high),
-            ("limit.shares.medium", c.medium),
-            ("limit.shares.sheddable", c.sheddable),
+            ("shares.critical", c.critical),
+            ("shares.high", c.high),
+            ("shares.medium", c.medium),
+            ("shares.sheddable", c.sheddable),
         ];
         let mut ceiling = ("", 1.0);
         for (field, share) in ordered {
@@ -240,17 +240,17 @@ mod tests {
         let e = TierShares::new(1.5, 0.9, 0.75, 0.5).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "limit.shares.critical = 1.5 is out of range: allowed (0, 1]"
+            "shares.critical = 1.5 is out of range: allowed (0, 1]"
         );
         let e = TierShares::new(0.8, 0.9, 0.75, 0.5).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "limit.shares.high = 0.9 is out of range: allowed (0, 0.8 (limit.shares.critical)]"
+            "shares.high = 0.9 is out of range: allowed (0, 0.8 (shares.critical)]"
         );
         let e = TierShares::new(1.0, 0.9, 0.75, 0.0).unwrap_err();
-        assert_eq!(e.field, "limit.shares.sheddable");
+        assert_eq!(e.field, "shares.sheddable");
         let e = TierShares::new(1.0, 0.9, f64::NAN, 0.5).unwrap_err();
-        assert_eq!(e.field, "limit.shares.medium");
+        assert_eq!(e.field, "shares.medium");
         assert!(TierShares::new(0.5, 0.5, 0.5, 0.5).is_ok());
     }
 }

@@ -6,7 +6,8 @@
 //!   of weighted fair queuing: with every tier backlogged each tier gets `weight / sum(weights)`
 //!   of the dequeues, interleaved, default 8/4/2/1. Lower tiers slow down but never starve: a
 //!   backlogged tier of weight `w_i` is skipped at most `sum over j != i of (ceil(w_j/w_i) + 1)`
-//!   consecutive dequeues (17 for Sheddable under 8/4/2/1). The seeds' sketch (seed 003) drains
+//!   consecutive dequeues (17 for Sheddable under 8/4/2/1). The weighted-fair-queue sketch in the
+//!   load-shedding article this design started from drains
 //!   strictly by priority and ignores its own weights; this one does not.
 //! - **Evict the newest of the lowest tier when full.** A push into a full queue evicts the
 //!   newest item (the tail) of the lowest non-empty tier strictly below the incoming one: the

@@ -129,7 +129,8 @@ pub struct RuntimeConfig {
     pub queue: WfqConfig,
     /// Concurrency limit algorithm (fixed, AIMD or Gradient2). Default: fixed at `workers`.
     pub limit: Option<LimitConfig>,
-    /// Share of the concurrency limit each tier may use (seed 002). Default
+    /// Share of the concurrency limit each tier may use (priority-scaled concurrency shares, as in
+    /// "Load Shedding: Drop Low-Priority Work to Save the Rest"). Default
     /// `1.0 / 0.9 / 0.75 / 0.5`.
     pub shares: TierShares,
     /// Refusal policy per tier. Default: Backpressure for Critical and High, Defer for Medium

@@ -61,13 +61,23 @@ pub(crate) enum Offer<T> {
     Taken,
     /// Refused under Backpressure: the caller holds it and offers it again later.
     Hold(Item<T>),
+    /// The offered item was queued, and evicted this one, whose tier's policy is
+    /// Backpressure: the caller holds the victim and offers it again later.
+    Evicted(Item<T>),
 }
 
 impl<T: Send + Sync + 'static> Inner<T> {
     /// Records the disposition (observer, ledger, ack), exactly once per message.
     fn settle(&self, item: Item<T>, disposition: Disposition) {
         if let Some(observe) = &self.observer {
-            observe(item.payload(), item.original, disposition);
+            let observed = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                observe(item.payload(), item.original, disposition)
+            }));
+            // A panicking observer must not cost the message its acknowledgement, nor the
+            // worker its life: counted with handler panics, and the disposition stands.
+            if observed.is_err() {
+                self.accounts.metrics.panics.increment(1);
+            }
         }
         item.settle(disposition);
     }
@@ -126,7 +136,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                     }
                 }
                 match hold {
-                    Some(v) => Offer::Hold(v),
+                    Some(v) => Offer::Evicted(v),
                     None => Offer::Taken,
                 }
             }
@@ -267,7 +277,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
     }
 
-    fn hold_in_task(self: &Arc<Self>, item: Item<T>) {
+    pub(crate) fn hold_in_task(self: &Arc<Self>, item: Item<T>) {
         let this = Arc::clone(self);
         self.tasks
             .spawn(async move { this.hold_until_queued(item).await });
@@ -291,7 +301,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
                     self.held.fetch_sub(1, Ordering::Relaxed);
                     return;
                 }
-                Offer::Hold(back) => item = back,
+                // Ours is queued; the one it evicted is held in its place.
+                Offer::Hold(back) | Offer::Evicted(back) => item = back,
             }
         }
         self.held.fetch_sub(1, Ordering::Relaxed);
@@ -420,8 +431,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
                     _ = this.stop.cancelled() => return drop(item),
                     _ = tokio::time::sleep(backoff) => {}
                 }
-                if let Offer::Hold(item) = this.offer(item) {
-                    this.hold_until_queued(item).await;
+                if let Offer::Hold(held) | Offer::Evicted(held) = this.offer(item) {
+                    this.hold_until_queued(held).await;
                 }
             });
             return;

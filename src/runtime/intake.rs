@@ -93,6 +93,8 @@ impl<T: Send + Sync + 'static> Held<T> {
                     self.refused_floor = Some(self.refused_floor.map_or(rank, |f| f.max(rank)));
                     self.items.push_back(item);
                 }
+                // Ours is queued; the lower one it evicted is held in its place.
+                Offer::Evicted(victim) => self.items.push_back(victim),
             }
         }
     }
@@ -105,10 +107,17 @@ impl<T: Send + Sync + 'static> Held<T> {
             self.items.push_back(item);
             return;
         }
-        if let Offer::Hold(item) = inner.offer(item) {
-            inner.held.fetch_add(1, Ordering::Relaxed);
-            self.refused_floor = Some(self.refused_floor.map_or(rank, |f| f.max(rank)));
-            self.items.push_back(item);
+        match inner.offer(item) {
+            Offer::Taken => {}
+            Offer::Hold(item) => {
+                inner.held.fetch_add(1, Ordering::Relaxed);
+                self.refused_floor = Some(self.refused_floor.map_or(rank, |f| f.max(rank)));
+                self.items.push_back(item);
+            }
+            Offer::Evicted(victim) => {
+                inner.held.fetch_add(1, Ordering::Relaxed);
+                self.items.push_back(victim);
+            }
         }
     }
 }

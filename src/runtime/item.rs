@@ -99,30 +99,33 @@ impl<T> Item<T> {
 
     /// Hands the message back to an in-process caller: counted as released (it was consumed
     /// but gets no disposition here), its ack untouched and returned inside the envelope.
-    pub(crate) fn hand_back(mut self) -> Envelope<T> {
+    /// `Err(self)` if a handler still shares the payload (then it cannot be handed back).
+    pub(crate) fn hand_back(mut self) -> Result<Envelope<T>, Self> {
+        let payload = match std::mem::replace(&mut self.payload, Payload::Moving) {
+            Payload::Owned(t) => t,
+            Payload::Shared(a) => match Arc::try_unwrap(a) {
+                Ok(t) => t,
+                Err(a) => {
+                    self.payload = Payload::Shared(a);
+                    return Err(self);
+                }
+            },
+            Payload::Moving => unreachable!("payload moved twice"),
+        };
         let ack = self.ack.take().unwrap_or_else(Ack::noop);
         self.accounts.ledger.record_released(self.original);
         self.accounts.metrics.tiers[self.original]
             .released
             .increment(1);
         self.accounts.alive.fetch_sub(1, Ordering::Relaxed);
-        let payload = match std::mem::replace(&mut self.payload, Payload::Moving) {
-            Payload::Owned(t) => t,
-            // Only a handler shares the payload, and a message in a handler is not handed back.
-            Payload::Shared(a) => match Arc::try_unwrap(a) {
-                Ok(t) => t,
-                Err(_) => unreachable!("payload still shared when handed back"),
-            },
-            Payload::Moving => unreachable!("payload moved twice"),
-        };
-        Envelope {
+        Ok(Envelope {
             payload,
             criticality: self.original,
             attempt: self.attempt,
             deadline: self.deadline,
             size_bytes: self.size_bytes,
             ack,
-        }
+        })
     }
 
     /// The tier it is queued and served at: demoted once per retry.

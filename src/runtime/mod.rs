@@ -7,7 +7,7 @@
 //!  admission                            queue-age cut-offs (one atomic load)
 //!        |  refused or evicted -> the tier's policy: Backpressure | Defer | Drop
 //!  WfqQueue                             weighted-fair, evicts newest of lowest tier, expires
-//!        |  masked by each tier's share of the concurrency limit (seed 002)
+//!        |  masked by each tier's share of the concurrency limit (priority-scaled concurrency shares)
 //!  workers (tokio)                      handler; panics caught; retries demoted one level
 //!        |
 //!  disposition -> ledger + ack          Completed | Failed | Deferred | Expired | Shed
@@ -94,7 +94,7 @@ use item::Accounts;
 /// ```
 pub struct Runtime<T> {
     inner: Arc<Inner<T>>,
-    workers: Vec<JoinHandle<()>>,
+    workers: tokio::task::JoinSet<()>,
     intakes: Vec<JoinHandle<()>>,
     sampler: JoinHandle<()>,
     drained: CancellationToken,
@@ -128,7 +128,9 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
         self
     }
 
-    /// Publishes messages that failed for good to `sink` before acknowledging them.
+    /// Publishes messages that failed for good to `sink` before acknowledging them. Without
+    /// one, such a message is recorded `Failed` and acknowledged as such: the Kafka source
+    /// commits past it, the RabbitMQ source rejects it to the queue's dead-letter exchange.
     pub fn dead_letter_sink(mut self, sink: Arc<impl DeadLetterSink<T>>) -> Self {
         self.dead_letter = Some(sink);
         self
@@ -205,13 +207,14 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             refusals: AtomicU64::new(0),
             pulling: std::sync::atomic::AtomicUsize::new(0),
         });
-        let workers = (0..workers)
-            .map(|_| tokio::spawn(Arc::clone(&inner).worker()))
-            .collect();
+        let mut worker_set = tokio::task::JoinSet::new();
+        for _ in 0..workers {
+            worker_set.spawn(Arc::clone(&inner).worker());
+        }
         let sampler = tokio::spawn(Arc::clone(&inner).sampler());
         Ok(Runtime {
             inner,
-            workers,
+            workers: worker_set,
             intakes: Vec::new(),
             sampler,
             drained: CancellationToken::new(),
@@ -262,7 +265,10 @@ impl<T: Send + Sync + 'static> Runtime<T> {
     /// The message goes through the same admission and refusal policies as a pulled one. When
     /// its tier's policy is Backpressure and it cannot be taken now, it comes back inside the
     /// error so the caller can push back on its own caller (a 503 with `Retry-After`, or a retry
-    /// later); deciding that costs one atomic load and allocates nothing.
+    /// later); deciding that costs one atomic load and allocates nothing. `Ok(())` means the
+    /// runtime took the message: queued, deferring, or (for a Drop tier, or a Defer tier with
+    /// no defer sink) shed and counted; the [`observe`](RuntimeBuilder::observe) hook tells
+    /// which.
     ///
     /// # Errors
     ///
@@ -284,7 +290,18 @@ impl<T: Send + Sync + 'static> Runtime<T> {
         let item = item::Item::consumed(envelope, false, &inner.accounts);
         match inner.offer(item) {
             engine::Offer::Taken => Ok(()),
-            engine::Offer::Hold(item) => Err(SubmitError::Full(item.hand_back())),
+            // Ours is queued; the message it evicted is not the caller's to take back.
+            engine::Offer::Evicted(victim) => {
+                inner.hold_in_task(victim);
+                Ok(())
+            }
+            engine::Offer::Hold(item) => match item.hand_back() {
+                Ok(envelope) => Err(SubmitError::Full(envelope)),
+                Err(item) => {
+                    inner.hold_in_task(item);
+                    Ok(())
+                }
+            },
         }
     }
 
@@ -320,6 +337,8 @@ impl<T: Send + Sync + 'static> Runtime<T> {
     /// A fifth of `grace` (at most 5 s) is kept for the sources' final acknowledgement.
     pub async fn shutdown(self, grace: Duration) -> Report {
         let started = tokio::time::Instant::now();
+        // A grace too large to add (`Duration::MAX`, "wait for ever") waits a century.
+        let grace = grace.min(Duration::from_secs(100 * 365 * 24 * 3600));
         let deadline = started + grace;
         let reserve = (grace / 5).min(Duration::from_secs(5));
         let work_deadline = deadline - reserve;
@@ -330,20 +349,15 @@ impl<T: Send + Sync + 'static> Runtime<T> {
         inner.tasks.close();
         let mut workers = self.workers;
         let finished = tokio::time::timeout_at(work_deadline, async {
-            for w in &mut workers {
-                let _ = w.await;
-            }
+            while workers.join_next().await.is_some() {}
             inner.tasks.wait().await;
         })
         .await;
         let grace_exceeded = finished.is_err();
         if grace_exceeded {
-            for w in &workers {
-                w.abort();
-            }
-            for w in workers {
-                let _ = w.await;
-            }
+            // Cancelled handlers drop their messages, which releases them unacknowledged.
+            workers.abort_all();
+            while workers.join_next().await.is_some() {}
         }
         self.sampler.abort();
         self.drained.cancel();
