@@ -33,11 +33,26 @@ async fn three_x_overload_keeps_critical_goodput_and_the_ledger_balanced() {
         out.max_alive,
         out.alive_bound
     );
-    // Goodput share is ordered by tier: Critical >= High >= Medium >= Sheddable.
+    // Goodput share is ordered by tier: Critical >= High >= Medium >= Sheddable, within one
+    // percentage point (when two tiers are both near 100% a single late message on a busy
+    // machine must not flip the order).
     let share = |c: Criticality| out.triage[c].goodput_share();
-    assert!(share(Criticality::Critical) >= share(Criticality::High));
-    assert!(share(Criticality::High) >= share(Criticality::Medium));
-    assert!(share(Criticality::Medium) >= share(Criticality::Sheddable));
+    let ladder = [
+        Criticality::Critical,
+        Criticality::High,
+        Criticality::Medium,
+        Criticality::Sheddable,
+    ];
+    for pair in ladder.windows(2) {
+        assert!(
+            share(pair[0]) + 0.01 >= share(pair[1]),
+            "{} {:.3} < {} {:.3}",
+            pair[0],
+            share(pair[0]),
+            pair[1],
+            share(pair[1])
+        );
+    }
     // Sheddable is what gives way, and Critical does better than under a plain FIFO.
     assert!(share(Criticality::Sheddable) < 0.5);
     assert!(share(Criticality::Critical) > out.fifo[Criticality::Critical].goodput_share());
