@@ -109,6 +109,25 @@ fn body_of_amqp(m: &triage_amqp::AmqpMessage) -> &[u8] {
     m.body()
 }
 
+/// The handler both brokers' workers run: a fixed service time, poison messages refused for
+/// good, and the sojourn kept for the disposition log.
+async fn handle<T>(
+    job: Job<T>,
+    body: fn(&T) -> &[u8],
+    service: Duration,
+    log: Arc<DispositionLog>,
+) -> Result<(), HandlerError> {
+    tokio::time::sleep(service).await;
+    let (id, poison) = parse_payload(body(job.payload()));
+    if poison {
+        return Err(HandlerError::permanent("poison message"));
+    }
+    log.sojourn
+        .lock()
+        .insert(id.to_owned(), job.sojourn().as_micros() as u64);
+    Ok(())
+}
+
 /// The disposition log: one unbuffered append per line.
 struct DispositionLog {
     file: Mutex<File>,
@@ -335,18 +354,7 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
                 })
                 .start(move |job: Job<KafkaMessage>| {
                     let sojourn = Arc::clone(&sojourn);
-                    async move {
-                        tokio::time::sleep(service).await;
-                        let (id, poison) = parse_payload(body_of_kafka(job.payload()));
-                        if poison {
-                            return Err(HandlerError::permanent("poison message"));
-                        }
-                        sojourn
-                            .sojourn
-                            .lock()
-                            .insert(id.to_owned(), job.sojourn().as_micros() as u64);
-                        Ok(())
-                    }
+                    handle(job, body_of_kafka, service, sojourn)
                 })?;
             let source_config = |group: String, topic: &str, suffix: &str| {
                 let mut c = KafkaSourceConfig::new(KAFKA, group, [topic]);
@@ -398,18 +406,7 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
                 .observe(move |m: &AmqpMessage, tier, d| observer.record(body_of_amqp(m), tier, d))
                 .start(move |job: Job<AmqpMessage>| {
                     let sojourn = Arc::clone(&sojourn);
-                    async move {
-                        tokio::time::sleep(service).await;
-                        let (id, poison) = parse_payload(body_of_amqp(job.payload()));
-                        if poison {
-                            return Err(HandlerError::permanent("poison message"));
-                        }
-                        sojourn
-                            .sojourn
-                            .lock()
-                            .insert(id.to_owned(), job.sojourn().as_micros() as u64);
-                        Ok(())
-                    }
+                    handle(job, body_of_amqp, service, sojourn)
                 })?;
             let prefetch = u16::try_from(capacity.get().min(256)).unwrap_or(256);
             let mut main = AmqpSourceConfig::new(AMQP, &args.topic);
