@@ -56,12 +56,18 @@ async fn three_x_overload_keeps_critical_goodput_and_the_ledger_balanced() {
     // Sheddable is what gives way, and Critical does better than under a plain FIFO.
     assert!(share(Criticality::Sheddable) < 0.5);
     assert!(share(Criticality::Critical) > out.fifo[Criticality::Critical].goodput_share());
-    // Recovery: once load falls, every tier is admitted again with no manual step.
-    assert_eq!(
-        out.recovery_shed_levels.last(),
-        Some(&0),
-        "{:?}",
-        out.recovery_shed_levels
+    // Recovery: once load falls, every tier is admitted again with no manual step. After that
+    // the deferred work drained back may shed Sheddable for a moment (its cut-off is 20 ms of
+    // queue age, and the drain pulls whenever workers are idle), never a tier above it.
+    let levels = &out.recovery_shed_levels;
+    let reopened = levels.iter().position(|&l| l == 0);
+    assert!(
+        reopened.is_some(),
+        "never re-admitted every tier: {levels:?}"
+    );
+    assert!(
+        levels[reopened.unwrap_or(0)..].iter().all(|&l| l <= 1),
+        "shed more than Sheddable after recovering: {levels:?}"
     );
     for tier in Criticality::ALL {
         assert!(

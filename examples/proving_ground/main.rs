@@ -12,6 +12,11 @@
 //! process: the `worker` subcommand), `faults` (processes, kills, restarts), `brokers`
 //! (topics, queues, reading the stores back, broker scripts), `reconcile` (logs against what
 //! was produced), `report` (Markdown and SVG), `harness` (the phases).
+//!
+//! Each worker's warnings go to `worker-<n>.out` beside its disposition log; set
+//! `PROVING_GROUND_LOG` (a `tracing` filter such as `warn,triage_kafka=debug`) for more, and
+//! `PROVING_GROUND_KAFKA_DEBUG` (librdkafka `debug` contexts such as `cgrp,fetch`, logged under
+//! `librdkafka=debug`) to see the consumer group at work.
 
 mod brokers;
 mod faults;

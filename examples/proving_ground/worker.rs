@@ -54,6 +54,12 @@ pub const KAFKA: &str = "127.0.0.1:9092";
 /// RabbitMQ URI of the project's test broker.
 pub const AMQP: &str = "amqp://127.0.0.1:5672/%2f";
 
+/// Environment variable with the worker's log filter (`tracing_subscriber::EnvFilter`).
+pub const LOG_ENV: &str = "PROVING_GROUND_LOG";
+/// Environment variable with librdkafka `debug` contexts for the worker's clients (e.g.
+/// `cgrp,fetch`); their lines are logged at debug level.
+pub const KAFKA_DEBUG_ENV: &str = "PROVING_GROUND_KAFKA_DEBUG";
+
 /// Arguments of the `worker` subcommand.
 #[derive(Clone, Debug, clap::Args)]
 pub struct WorkerArgs {
@@ -316,6 +322,15 @@ pub fn cpu_ticks(pid: Option<u32>) -> Option<(u64, u64)> {
 /// When the log cannot be opened, a broker cannot be reached at start, or the configuration
 /// is out of range.
 pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
+    // Warnings of the runtime and the connectors go to the worker's output file; more with
+    // `PROVING_GROUND_LOG` (an `EnvFilter`, e.g. `triage_kafka=debug,librdkafka=debug`).
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_ansi(false)
+        .try_init();
     let recorder = Arc::new(Recorder::default());
     metrics::set_global_recorder(Shared(Arc::clone(&recorder)))
         .map_err(|_| "a metrics recorder is already installed")?;
@@ -372,6 +387,9 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
                     .insert("session.timeout.ms".into(), "6000".into());
                 c.properties
                     .insert("heartbeat.interval.ms".into(), "1000".into());
+                if let Ok(debug) = std::env::var(KAFKA_DEBUG_ENV) {
+                    c.properties.insert("debug".into(), debug);
+                }
                 if let Some(instance) = &args.instance {
                     c.properties
                         .insert("group.instance.id".into(), format!("{instance}{suffix}"));

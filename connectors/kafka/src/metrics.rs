@@ -13,6 +13,7 @@
 //! | `triage_kafka_rebalances_total` | counter | `kind` (`assign`, `revoke`, `error`) | rebalance callbacks |
 //! | `triage_kafka_stale_acks_total` | counter | | dispositions for a partition no longer owned (ignored, never stored) |
 //! | `triage_kafka_pauses_total` | counter | `cause` (`runtime`, `buffer`) | times the assignment was paused |
+//! | `triage_kafka_client_restarts_total` | counter | `reason` (`fatal`) | consumer clients replaced after a fatal error |
 //! | `triage_kafka_published_total` | counter | `destination` (`defer`, `dead_letter`), `result` (`ok`, `rejected`, `not_confirmed`, `unavailable`) | sink publishes by outcome |
 
 use metrics::{counter, gauge};
@@ -33,6 +34,8 @@ pub const REBALANCES_TOTAL: &str = "triage_kafka_rebalances_total";
 pub const STALE_ACKS_TOTAL: &str = "triage_kafka_stale_acks_total";
 /// Counter: assignment pauses, by cause.
 pub const PAUSES_TOTAL: &str = "triage_kafka_pauses_total";
+/// Counter: consumer clients replaced after a fatal error, by reason.
+pub const CLIENT_RESTARTS_TOTAL: &str = "triage_kafka_client_restarts_total";
 /// Counter: sink publishes, by destination and result.
 pub const PUBLISHED_TOTAL: &str = "triage_kafka_published_total";
 
@@ -83,6 +86,10 @@ pub(crate) fn stale_ack() {
 
 pub(crate) fn pause(cause: &'static str) {
     counter!(PAUSES_TOTAL, "cause" => cause).increment(1);
+}
+
+pub(crate) fn client_restart(reason: &'static str) {
+    counter!(CLIENT_RESTARTS_TOTAL, "reason" => reason).increment(1);
 }
 
 pub(crate) fn published(destination: &'static str, result: &'static str) {

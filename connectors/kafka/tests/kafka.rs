@@ -43,6 +43,8 @@ async fn commits_only_the_contiguous_watermark() {
         e.ack.resolve(Disposition::Completed);
     }
     assert_eq!(committed_at_least(&group, &topic, 10).await, 10);
+    // Each commit is confirmed and counted (the stats and `triage_kafka_commits_total`).
+    assert!(source.stats().commits >= 1, "{:?}", source.stats());
 
     e12.ack.resolve(Disposition::Completed);
     e10.ack.resolve(Disposition::Completed);
@@ -356,4 +358,123 @@ async fn shutdown_returns_with_the_broker_down() {
     broker("stop");
     let returned = tokio::time::timeout(Duration::from_secs(30), source.shutdown()).await;
     assert!(returned.is_ok(), "shutdown hung with the broker down");
+}
+
+/// A broker restart that outlasts the session, for a static member (`group.instance.id`)
+/// that was paused when the broker went away, resumed while it had no partitions, and had a
+/// commit queued meanwhile: the source must consume again once the broker is back. Two
+/// librdkafka behaviours stopped it for good before: a partition's pause flag survives an
+/// unassign and a later assign (so the source sets it on every assignment), and the queued
+/// commit is sent after the session timed out with the member id reset, which fences the
+/// static member with a fatal error (so the source replaces its client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumes_again_after_a_broker_restart_that_outlasts_the_session() {
+    let _broker = broker_exclusive().await;
+    let (topic, group) = (rand_name("outage"), rand_name("g"));
+    create_topic(&topic, 1, &[]).await;
+    produce_n(&topic, 2).await;
+    let mut c = config(&group, &topic, 50);
+    c.properties
+        .insert("group.instance.id".into(), rand_name("instance"));
+    let mut source = KafkaSource::builder(c).build().unwrap();
+    let mut before = take(&mut source, 2).await;
+    let second = before.pop().unwrap();
+    before.pop().unwrap().ack.resolve(Disposition::Completed);
+    assert_eq!(committed_at_least(&group, &topic, 1).await, 1);
+
+    source.pause();
+    wait_until("the poll thread to pause", || {
+        let paused = source.stats().pauses >= 1;
+        async move { paused }
+    })
+    .await;
+    let revoked = source.stats().revocations;
+    {
+        let _restart = RestartOnDrop;
+        broker("stop");
+        // Settled while the coordinator is away: its commit waits in the client.
+        second.ack.resolve(Disposition::Completed);
+        wait_until("the assignment to be lost", || {
+            let lost = source.stats().revocations > revoked;
+            async move { lost }
+        })
+        .await;
+        source.resume();
+        // Let the poll thread resume its (empty) assignment while the broker is still down.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    produce_n(&topic, 5).await;
+    // Offset 1 comes again if its commit was lost with the session (at-least-once).
+    let mut seen = Vec::new();
+    while seen.last() != Some(&6) {
+        let e = next(&mut source).await;
+        seen.push(e.payload.offset);
+        e.ack.resolve(Disposition::Completed);
+    }
+    let stats = source.stats();
+    assert!(
+        seen == [2, 3, 4, 5, 6] || seen == [1, 2, 3, 4, 5, 6],
+        "{seen:?} {stats:?}"
+    );
+    assert_eq!(committed_at_least(&group, &topic, 7).await, 7, "{stats:?}");
+    eprintln!("after the outage: {seen:?}, {stats:?}");
+    source.shutdown().await;
+}
+
+/// A static member fenced by another client with the same `group.instance.id` gets a fatal
+/// error from librdkafka and its client is unusable: the source replaces the client,
+/// withdraws nothing settled, and consumes on from the committed watermark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_static_member_replaces_its_client_and_consumes_on() {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+
+    let _broker = broker_shared().await;
+    let (topic, group, instance) = (rand_name("fenced"), rand_name("g"), rand_name("i"));
+    create_topic(&topic, 1, &[]).await;
+    produce_n(&topic, 1).await;
+    let mut c = config(&group, &topic, 50);
+    c.properties
+        .insert("group.instance.id".into(), instance.clone());
+    let mut source = KafkaSource::builder(c).build().unwrap();
+    next(&mut source).await.ack.resolve(Disposition::Completed);
+    assert_eq!(committed_at_least(&group, &topic, 1).await, 1);
+
+    // The intruder joins under the same instance id: the broker fences the source's client.
+    let intruder: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", BROKERS)
+        .set("group.id", &group)
+        .set("group.instance.id", &instance)
+        .set("enable.auto.commit", "false")
+        .set("session.timeout.ms", "6000")
+        .create()
+        .unwrap();
+    intruder.subscribe(&[topic.as_str()]).unwrap();
+    let intruder = std::sync::Arc::new(intruder);
+    wait_until("the source to replace its client", || {
+        let intruder = std::sync::Arc::clone(&intruder);
+        let replaced = source.stats().client_restarts >= 1;
+        async move {
+            if !replaced {
+                let _ = tokio::task::spawn_blocking(move || {
+                    drop(intruder.poll(Duration::from_millis(100)));
+                })
+                .await;
+            }
+            replaced
+        }
+    })
+    .await;
+    // The new client took the instance id back (fencing the intruder in turn).
+    tokio::task::spawn_blocking(move || drop(intruder));
+
+    produce_n(&topic, 3).await;
+    let got = take(&mut source, 3).await;
+    assert_eq!(offsets(&got), vec![1, 2, 3], "{:?}", source.stats());
+    for e in got {
+        e.ack.resolve(Disposition::Completed);
+    }
+    assert_eq!(committed_at_least(&group, &topic, 4).await, 4);
+    assert_eq!(source.stats().client_restarts, 1, "{:?}", source.stats());
+    source.shutdown().await;
 }

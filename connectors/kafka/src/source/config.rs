@@ -50,8 +50,9 @@ pub struct KafkaSourceConfig {
     pub criticality: CriticalityConfig,
     /// How a message's deadline is chosen.
     pub deadline: DeadlineConfig,
-    /// Period of the asynchronous watermark commit, in milliseconds. Default 1000; allowed
-    /// `1..=3_600_000`. Commits also happen synchronously on revocation and shutdown.
+    /// Period of the watermark commit (one synchronous commit at a time, on a thread of its
+    /// own), in milliseconds. Default 1000; allowed `1..=3_600_000`. Commits also happen on
+    /// revocation and at shutdown.
     pub commit_interval_ms: u64,
     /// Bound on the synchronous commit made at shutdown, in milliseconds. Default 5000;
     /// allowed `1..=600_000`.

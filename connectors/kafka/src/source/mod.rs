@@ -5,8 +5,8 @@
 //!   never the payload; bad labels fall back to a default and are counted.
 //! - Offsets ([`offsets`]): auto commit off; every record is tracked in triage's
 //!   [`AckTracker`](triage::ledger::AckTracker) and only the contiguous watermark is committed:
-//!   asynchronously every `commit_interval_ms`, synchronously on revocation, and (bounded) on
-//!   shutdown.
+//!   every `commit_interval_ms` from a committer thread ([`commit`]), on revocation, and
+//!   (bounded) on shutdown.
 //! - Flow ([`poll`]): a dedicated thread polls the consumer at all times, so pausing never
 //!   costs the group membership, and hands records over through a bounded channel.
 //!
@@ -14,6 +14,8 @@
 //! watermark.
 
 mod classify;
+mod client;
+mod commit;
 mod config;
 mod headers;
 mod offsets;
@@ -26,7 +28,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use tokio::sync::{mpsc, oneshot};
 use triage::quanta::Clock;
 use triage::runtime::{Envelope, Source};
@@ -38,7 +39,8 @@ pub use classify::{ClassifyFn, MessageMeta, UnclassifiedReason};
 pub use config::{CriticalityConfig, DeadlineConfig, KafkaSourceConfig};
 pub use stats::SourceStats;
 
-use offsets::{KafkaAcks, Offsets, SourceContext};
+use client::ClientFactory;
+use offsets::{KafkaAcks, Offsets};
 use poll::{Control, Delivery, PollLoop};
 
 /// A [`Source`] over a Kafka consumer group.
@@ -151,19 +153,25 @@ impl KafkaSourceBuilder {
             client.set(k, v);
         }
         let offsets = Arc::new(Offsets::default());
-        let consumer: BaseConsumer<SourceContext> = client
-            .create_with_context(SourceContext {
-                offsets: Arc::clone(&offsets),
-            })
-            .map_err(Error::Client)?;
-        let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
-        consumer.subscribe(&topics).map_err(Error::Subscribe)?;
+        let factory = ClientFactory::new(client, config.topics.clone(), Arc::clone(&offsets));
+        let consumer = Arc::new(factory.create()?);
+        let slot: commit::Slot = Arc::new(parking_lot::Mutex::new(Arc::clone(&consumer)));
+        let (commits, requests) = std::sync::mpsc::channel();
+        let committer = commit::Committer {
+            slot: Arc::clone(&slot),
+            offsets: Arc::clone(&offsets),
+            interval: config.commit_interval(),
+            requests,
+        };
         let capacity = config.max_prefetch_messages;
         let (tx, rx) = mpsc::channel(capacity);
         let (done_tx, done) = oneshot::channel();
         let control = Arc::new(Control::default());
         let poll = PollLoop {
             consumer,
+            slot,
+            commits,
+            factory,
             offsets: Arc::clone(&offsets),
             acks: Arc::new(KafkaAcks {
                 offsets: Arc::clone(&offsets),
@@ -173,10 +181,13 @@ impl KafkaSourceBuilder {
             control: Arc::clone(&control),
             tx,
             capacity,
-            commit_interval: config.commit_interval(),
             commit_timeout: config.commit_timeout(),
             done: done_tx,
         };
+        std::thread::Builder::new()
+            .name("triage-kafka-commit".into())
+            .spawn(move || committer.run())
+            .map_err(Error::Spawn)?;
         std::thread::Builder::new()
             .name("triage-kafka-poll".into())
             .spawn(move || poll.run())

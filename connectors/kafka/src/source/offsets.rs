@@ -17,7 +17,6 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::KafkaResult;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use triage::ledger::{AckToken, AckTracker, Disposition, ResolveError};
 use triage::runtime::{AckRef, AckSink};
@@ -25,6 +24,17 @@ use triage::runtime::{AckRef, AckSink};
 use crate::metrics::{self, CommitTrigger};
 
 use super::stats::Stats;
+
+/// What [`Offsets::commit`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Committed {
+    /// Every watermark was already committed.
+    Nothing,
+    /// Committed (synchronous) or handed to the client (asynchronous).
+    Done,
+    /// The client or the broker refused it; counted.
+    Failed,
+}
 
 /// Offsets state shared by the poll thread, the rebalance callbacks and the ack sink.
 #[derive(Debug, Default)]
@@ -38,6 +48,9 @@ pub(crate) struct Offsets {
     closing: AtomicBool,
     /// Whether the poll thread has the assignment paused (newly assigned partitions follow).
     paused: AtomicBool,
+    /// Generation of the current consumer client, bumped when a client is replaced after a
+    /// fatal error: callbacks of a retired client (its close still runs them) are ignored.
+    client: AtomicU64,
     pub(crate) stats: Stats,
 }
 
@@ -158,29 +171,53 @@ impl Offsets {
         }
     }
 
-    /// Commits every changed watermark. `Async` results are recorded by the commit callback;
-    /// `Sync` ones here. Returns whether there was anything to commit.
+    /// The current client generation, for the context of a new client.
+    pub(crate) fn client(&self) -> u64 {
+        self.client.load(Ordering::Acquire)
+    }
+
+    /// The client is being replaced: every partition is given up as lost (no commit: the
+    /// client is unusable, and the position may belong to someone else by now), envelopes
+    /// still queued are withdrawn, later dispositions of them are stale, and callbacks of the
+    /// old client are ignored from here on.
+    pub(crate) fn lose_all(&self) {
+        self.client.fetch_add(1, Ordering::AcqRel);
+        let mut state = self.state.lock();
+        let assigned: Vec<u64> = state.tracker.partitions().copied().collect();
+        for idx in &assigned {
+            state.tracker.revoke(idx);
+        }
+        drop(state);
+        self.revocations.fetch_add(1, Ordering::AcqRel);
+        self.paused.store(false, Ordering::Release);
+    }
+
+    /// Commits every changed watermark. A `Sync` result is recorded here; an `Async` one
+    /// only if librdkafka reports it (see [`super::commit`]).
     pub(crate) fn commit<C: ConsumerContext>(
         &self,
         consumer: &BaseConsumer<C>,
         mode: CommitMode,
         trigger: CommitTrigger,
-    ) -> bool {
+    ) -> Committed {
         let (tpl, list) = self.state.lock().committable();
         if list.is_empty() {
-            return false;
+            return Committed::Nothing;
         }
-        let result = consumer.commit(&tpl, mode);
-        match (mode, result) {
-            (CommitMode::Sync, Ok(())) => self.mark_committed(&list, trigger),
-            (_, Ok(())) => {}
+        match (mode, consumer.commit(&tpl, mode)) {
+            (CommitMode::Sync, Ok(())) => {
+                self.mark_committed(&list, trigger);
+                Committed::Done
+            }
+            (_, Ok(())) => Committed::Done,
             (_, Err(err)) => {
                 self.stats.commits_failed.fetch_add(1, Ordering::Relaxed);
                 metrics::commit(trigger, false);
-                tracing::warn!(%err, trigger = ?trigger, "kafka source: offset commit failed");
+                // Expected while the coordinator is away; the next interval retries.
+                tracing::debug!(%err, trigger = ?trigger, "kafka source: offset commit failed");
+                Committed::Failed
             }
         }
-        true
     }
 
     fn mark_committed(&self, list: &[(u64, u64)], trigger: CommitTrigger) {
@@ -229,6 +266,15 @@ impl AckSink for KafkaAcks {
 #[derive(Debug)]
 pub(crate) struct SourceContext {
     pub(crate) offsets: Arc<Offsets>,
+    /// The client generation this context belongs to (see [`Offsets::lose_all`]).
+    pub(crate) client: u64,
+}
+
+impl SourceContext {
+    /// Whether this context's client is the source's current one.
+    fn current(&self) -> bool {
+        self.offsets.client() == self.client
+    }
 }
 
 impl ClientContext for SourceContext {}
@@ -238,6 +284,9 @@ impl ConsumerContext for SourceContext {
         let Rebalance::Revoke(tpl) = rebalance else {
             return;
         };
+        if !self.current() {
+            return;
+        }
         metrics::rebalance("revoke");
         self.offsets
             .stats
@@ -281,6 +330,9 @@ impl ConsumerContext for SourceContext {
     }
 
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if !self.current() {
+            return;
+        }
         match rebalance {
             Rebalance::Assign(tpl) => {
                 metrics::rebalance("assign");
@@ -294,11 +346,18 @@ impl ConsumerContext for SourceContext {
                     state.tracker.assign(idx);
                 }
                 drop(state);
-                if self.offsets.paused.load(Ordering::Acquire) {
-                    // A paused source must stay paused across rebalances.
-                    if let Err(err) = consumer.pause(tpl) {
-                        tracing::warn!(%err, "kafka source: could not pause new assignment");
-                    }
+                // librdkafka keeps a partition's pause flag across an unassign and a later
+                // assign (confluent-kafka-go#193, librdkafka#1849): set the flag the source wants
+                // on every assignment, both ways. Without the resume, a source that was paused
+                // when its assignment was lost (a broker restart outlasting the session) and
+                // resumed while it had no partitions never fetched again once they came back.
+                let result = if self.offsets.paused.load(Ordering::Acquire) {
+                    consumer.pause(tpl)
+                } else {
+                    consumer.resume(tpl)
+                };
+                if let Err(err) = result {
+                    tracing::warn!(%err, "kafka source: could not set the new assignment's pause flag");
                 }
             }
             Rebalance::Revoke(_) => {}
@@ -307,45 +366,5 @@ impl ConsumerContext for SourceContext {
                 tracing::warn!(%err, "kafka source: rebalance error");
             }
         }
-    }
-
-    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        // Called for asynchronous commits (and, depending on the librdkafka version, for
-        // synchronous ones too: marking twice is harmless).
-        let trigger = if self.offsets.closing.load(Ordering::Acquire) {
-            CommitTrigger::Shutdown
-        } else {
-            CommitTrigger::Interval
-        };
-        match result {
-            Ok(()) => {
-                let list: Vec<(u64, u64)> = {
-                    let state = self.offsets.state.lock();
-                    offsets
-                        .elements()
-                        .iter()
-                        .filter(|e| e.error().is_ok())
-                        .filter_map(|e| {
-                            let idx = state.lookup(e.topic(), e.partition())?;
-                            let pos = u64::try_from(e.offset().to_raw()?).ok()?;
-                            Some((idx, pos))
-                        })
-                        .collect()
-                };
-                self.offsets.mark_committed(&list, trigger);
-            }
-            Err(err) => {
-                self.offsets
-                    .stats
-                    .commits_failed
-                    .fetch_add(1, Ordering::Relaxed);
-                metrics::commit(trigger, false);
-                tracing::debug!(%err, "kafka source: asynchronous commit failed");
-            }
-        }
-        self.offsets
-            .stats
-            .commit_callbacks
-            .fetch_add(1, Ordering::Release);
     }
 }

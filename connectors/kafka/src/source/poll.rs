@@ -19,7 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant as WallInstant};
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Message};
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
@@ -30,6 +31,8 @@ use crate::metrics::{self, CommitTrigger};
 use crate::KafkaMessage;
 
 use super::classify::{deadline_instant, Classifier, MessageMeta};
+use super::client::ClientFactory;
+use super::commit::{Request, Slot};
 use super::headers::read_headers;
 use super::offsets::{Offsets, SourceContext};
 
@@ -57,7 +60,11 @@ pub(crate) struct Control {
 }
 
 pub(crate) struct PollLoop {
-    pub(crate) consumer: BaseConsumer<SourceContext>,
+    pub(crate) consumer: Arc<BaseConsumer<SourceContext>>,
+    /// The client the committer uses: replaced together with `consumer`.
+    pub(crate) slot: Slot,
+    pub(crate) commits: std::sync::mpsc::Sender<Request>,
+    pub(crate) factory: ClientFactory,
     pub(crate) offsets: Arc<Offsets>,
     pub(crate) acks: Arc<dyn AckSink>,
     pub(crate) classifier: Classifier,
@@ -65,24 +72,17 @@ pub(crate) struct PollLoop {
     pub(crate) control: Arc<Control>,
     pub(crate) tx: mpsc::Sender<Delivery>,
     pub(crate) capacity: usize,
-    pub(crate) commit_interval: Duration,
     pub(crate) commit_timeout: Duration,
     pub(crate) done: oneshot::Sender<()>,
 }
 
 impl PollLoop {
-    pub(crate) fn run(self) {
+    pub(crate) fn run(mut self) {
         let mut held: VecDeque<Delivery> = VecDeque::new();
         let mut paused = false;
         let mut full_since: Option<WallInstant> = None;
-        let mut next_commit = WallInstant::now() + self.commit_interval;
         'poll: while !self.control.stop.load(Ordering::Acquire) {
             let now = WallInstant::now();
-            if now >= next_commit {
-                self.offsets
-                    .commit(&self.consumer, CommitMode::Async, CommitTrigger::Interval);
-                next_commit = now + self.commit_interval;
-            }
             while let Some(delivery) = held.pop_front() {
                 match self.tx.try_send(delivery) {
                     Ok(()) => {}
@@ -118,6 +118,14 @@ impl PollLoop {
                         held.push_back(delivery);
                     }
                 }
+                Some(Err(KafkaError::MessageConsumptionFatal(code))) => {
+                    held.clear();
+                    paused = false;
+                    full_since = None;
+                    if !self.replace_client(&code.to_string()) {
+                        break 'poll;
+                    }
+                }
                 // Transport errors repeat on every poll while a broker is down; librdkafka
                 // reconnects by itself, so they are not worth more than a debug line.
                 Some(Err(err)) => tracing::debug!(%err, "kafka source: poll error"),
@@ -126,6 +134,55 @@ impl PollLoop {
         // Records never handed out are dropped unresolved: their offsets stay uncommitted.
         drop(held);
         self.finish();
+    }
+
+    /// Replaces the client after a fatal error (see [`super::client`]): what was consumed and
+    /// not settled is withdrawn (the held records were dropped by the caller; queued ones are
+    /// stale), the old client is closed on a thread of its own, and a new one joins the group
+    /// and resumes from the committed watermark. Returns `false` if the source stopped
+    /// meanwhile.
+    fn replace_client(&mut self, reason: &str) -> bool {
+        self.offsets.lose_all();
+        self.offsets
+            .stats
+            .client_restarts
+            .fetch_add(1, Ordering::Relaxed);
+        metrics::client_restart("fatal");
+        let mut wait = self.factory.next_backoff();
+        tracing::error!(
+            %reason,
+            wait_ms = wait.as_millis() as u64,
+            "kafka source: fatal consumer error; unsettled records withdrawn, replacing the client"
+        );
+        loop {
+            let until = WallInstant::now() + wait;
+            while WallInstant::now() < until {
+                if self.control.stop.load(Ordering::Acquire) {
+                    return false;
+                }
+                std::thread::sleep(PAUSED_POLL_WAIT);
+            }
+            match self.factory.create() {
+                Ok(fresh) => {
+                    let fresh = Arc::new(fresh);
+                    *self.slot.lock() = Arc::clone(&fresh);
+                    let old = std::mem::replace(&mut self.consumer, fresh);
+                    // Closing a fenced client may take a while; its callbacks are ignored. (The
+                    // committer may still hold it for a moment: the last one to let go closes.)
+                    let closed = std::thread::Builder::new()
+                        .name("triage-kafka-close".into())
+                        .spawn(move || drop(old));
+                    if let Err(err) = closed {
+                        tracing::warn!(%err, "kafka source: no thread to close the old client");
+                    }
+                    return true;
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "kafka source: could not create a new client");
+                    wait = self.factory.next_backoff();
+                }
+            }
+        }
     }
 
     fn set_paused(&self, pause: bool, cause: &'static str) {
@@ -197,36 +254,35 @@ impl PollLoop {
 
     /// Final commit (bounded), then leave the group and close the client.
     fn finish(self) {
-        // Stop fetching so that waiting for the commit result consumes nothing.
+        // Stop fetching so that waiting for the commit consumes nothing.
         if let Ok(assignment) = self.consumer.assignment() {
             let _ = self.consumer.pause(&assignment);
         }
         // From here the revoke callback of the close does not commit again: this commit
         // already covers everything settled, and the broker may be unreachable.
         self.offsets.set_closing();
-        let stats = &self.offsets.stats;
-        let before = stats.commit_callbacks.load(Ordering::Acquire);
-        if self
-            .offsets
-            .commit(&self.consumer, CommitMode::Async, CommitTrigger::Shutdown)
-        {
-            // An asynchronous commit plus polling for its result, so that the wait is bounded
-            // even with the broker unreachable (a synchronous commit may block indefinitely).
-            let deadline = WallInstant::now() + self.commit_timeout;
-            while stats.commit_callbacks.load(Ordering::Acquire) == before
-                && WallInstant::now() < deadline
-            {
-                drop(self.consumer.poll(PAUSED_POLL_WAIT));
-            }
-            if stats.commit_callbacks.load(Ordering::Acquire) == before {
-                stats.commits_failed.fetch_add(1, Ordering::Relaxed);
+        let (reply, confirmed) = std::sync::mpsc::sync_channel(1);
+        let done = match self.commits.send(Request::Final(reply)) {
+            Ok(()) => confirmed.recv_timeout(self.commit_timeout).ok(),
+            Err(_) => None,
+        };
+        if done != Some(true) {
+            if done.is_none() {
+                // Still waiting on the broker: counted here, the committer's own result (if
+                // it ever comes) is not.
+                self.offsets
+                    .stats
+                    .commits_failed
+                    .fetch_add(1, Ordering::Relaxed);
                 metrics::commit(CommitTrigger::Shutdown, false);
-                tracing::warn!("kafka source: final commit not confirmed in time");
             }
+            tracing::warn!("kafka source: final commit not confirmed in time");
         }
         self.consumer.unsubscribe();
-        // Dropping the consumer leaves the group and destroys the client; with the broker
-        // down this can take long, which the handle's shutdown bounds by not waiting for it.
+        // Dropping the consumer leaves the group and destroys the client (once the committer
+        // let go of it too); with the broker down this can take long, which the handle's
+        // shutdown bounds by not waiting for it.
+        drop(self.slot);
         drop(self.consumer);
         let _ = self.done.send(());
     }

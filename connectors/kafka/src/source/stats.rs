@@ -10,11 +10,11 @@ pub(crate) struct Stats {
     pub(crate) unclassified: [AtomicU64; UnclassifiedReason::ALL.len()],
     pub(crate) commits: AtomicU64,
     pub(crate) commits_failed: AtomicU64,
-    pub(crate) commit_callbacks: AtomicU64,
     pub(crate) stale_acks: AtomicU64,
     pub(crate) revocations: AtomicU64,
     pub(crate) assignments: AtomicU64,
     pub(crate) pauses: AtomicU64,
+    pub(crate) client_restarts: AtomicU64,
 }
 
 /// A snapshot of one source's counters (the same events as its [metrics](crate::metrics),
@@ -38,6 +38,10 @@ pub struct SourceStats {
     pub assignments: u64,
     /// Times the assignment was paused.
     pub pauses: u64,
+    /// Times the consumer client was replaced after a fatal error (a static member fenced:
+    /// `FENCED_INSTANCE_ID`). Each one withdraws what was consumed and not yet settled; the
+    /// new client resumes from the committed watermark.
+    pub client_restarts: u64,
 }
 
 impl SourceStats {
@@ -59,6 +63,7 @@ impl Stats {
             revocations: get(&self.revocations),
             assignments: get(&self.assignments),
             pauses: get(&self.pauses),
+            client_restarts: get(&self.client_restarts),
         }
     }
 }
