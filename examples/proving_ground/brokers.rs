@@ -41,8 +41,11 @@ pub async fn prepare(broker: BrokerKind, topic: &str, partitions: i32) {
         }
         BrokerKind::Amqp => {
             let (conn, ch) = crate::load::amqp_connect().await;
-            for n in &names {
-                crate::load::declare_queue(&ch, n).await;
+            for (i, n) in names.iter().enumerate() {
+                // The main queue is a priority queue; the defer and dead-letter queues are
+                // plain (the sinks declare them so).
+                let priority = (i == 0).then_some(crate::load::MAX_PRIORITY);
+                crate::load::declare_queue(&ch, n, priority).await;
             }
             let _ = conn.close(200, "declared").await;
         }

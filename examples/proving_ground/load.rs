@@ -64,6 +64,11 @@ fn pick_tier(mix: [u32; 4], x: u32) -> usize {
     3
 }
 
+/// `x-max-priority` of the main queue: RabbitMQ delivers the highest priority first among the
+/// ready messages, so a Critical message never waits in the broker behind a backlog of lower
+/// ones (its `priority` 9 is the top level).
+pub const MAX_PRIORITY: u8 = 9;
+
 /// AMQP priority of a tier index under the default mapping.
 fn priority(tier: usize) -> u8 {
     [9, 6, 4, 1][tier]
@@ -246,16 +251,20 @@ pub async fn amqp_connect() -> (lapin::Connection, lapin::Channel) {
 }
 
 /// Declares a durable queue.
-pub async fn declare_queue(ch: &lapin::Channel, queue: &str) {
+pub async fn declare_queue(ch: &lapin::Channel, queue: &str, max_priority: Option<u8>) {
     use lapin::options::QueueDeclareOptions;
-    use lapin::types::FieldTable;
+    use lapin::types::{AMQPValue, FieldTable};
+    let mut args = FieldTable::default();
+    if let Some(p) = max_priority {
+        args.insert("x-max-priority".into(), AMQPValue::ShortShortUInt(p));
+    }
     ch.queue_declare(
         queue,
         QueueDeclareOptions {
             durable: true,
             ..QueueDeclareOptions::default()
         },
-        FieldTable::default(),
+        args,
     )
     .await
     .expect("declare queue");
@@ -267,7 +276,7 @@ async fn produce_amqp(queue: &str, spec: &LoadSpec) -> (Vec<Produced>, u64) {
     use lapin::BasicProperties;
 
     let (conn, ch) = amqp_connect().await;
-    declare_queue(&ch, queue).await;
+    declare_queue(&ch, queue, Some(MAX_PRIORITY)).await;
     let link = Arc::new(Mutex::new(Some((conn, ch))));
     // Publishes whose confirm did not come back come here to be published again.
     let retry: Arc<Mutex<Vec<Draft>>> = Arc::default();

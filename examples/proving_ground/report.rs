@@ -69,7 +69,9 @@ fn markdown(config: &RunConfig, results: &[BrokerResult], command: &str) -> Stri
          deadlines produce time + {}/{}/{}/{} ms; {} per mille poison messages (dead-lettered). \
          Refusal policies are the defaults: Critical and High backpressure (wait in the broker), \
          Medium and Sheddable deferred to `<topic>.deferred` and drained back when load falls. \
-         Load phases {:?} each; fault phase {:?} at {}x.\n",
+         Kafka: one topic, a partition per phase (two in the fault phase), static membership. \
+         RabbitMQ: a priority queue (`x-max-priority` 9, the producer sets `priority` 9/6/4/1), \
+         prefetch 256. Load phases {:?} each; fault phase {:?} at {}x.\n",
         config.workers,
         config.service_ms,
         config.queue_capacity,

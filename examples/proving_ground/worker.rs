@@ -431,6 +431,7 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
             main.prefetch = prefetch;
             main.dead_letter_via_sink = true;
             main.classify.trusted_queues = vec![args.topic.clone()];
+            main.declare.max_priority = Some(crate::load::MAX_PRIORITY);
             runtime.attach(AmqpSource::connect(main, capacity).await?);
             // The drain: every deferred message is Sheddable (all priorities map to it).
             let mut drain = AmqpSourceConfig::new(AMQP, &deferred);

@@ -27,6 +27,18 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// A replacement this long after the previous one starts the backoff again.
 const CALM: Duration = Duration::from_secs(60);
 
+/// Drops `consumer` on a thread of its own: dropping the last reference closes the client,
+/// which polls until the group is left, and may take long with the broker away.
+pub(crate) fn close_elsewhere(consumer: Arc<BaseConsumer<SourceContext>>) {
+    let closed = std::thread::Builder::new()
+        .name("triage-kafka-close".into())
+        .spawn(move || drop(consumer));
+    if let Err(err) = closed {
+        // The closure, and with it the client, was dropped here instead.
+        tracing::warn!(%err, "kafka source: no thread to close the old client");
+    }
+}
+
 /// Creates the consumer clients of one source, all with the same properties and topics.
 pub(crate) struct ClientFactory {
     pub(crate) config: ClientConfig,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use rdkafka::consumer::{BaseConsumer, CommitMode};
+use rdkafka::consumer::BaseConsumer;
 
 use crate::metrics::CommitTrigger;
 
@@ -60,6 +60,12 @@ impl Committer {
         // Clone the client out of the slot: the commit may take as long as the coordinator
         // does, and the poll thread must be able to replace the client meanwhile.
         let consumer = Arc::clone(&self.slot.lock());
-        self.offsets.commit(&consumer, CommitMode::Sync, trigger)
+        let result = self.offsets.commit(&consumer, trigger);
+        if !Arc::ptr_eq(&consumer, &self.slot.lock()) {
+            // Replaced while this commit waited: if this is the last reference, closing the
+            // old client (which polls until closed) must not delay the next commit.
+            super::client::close_elsewhere(consumer);
+        }
+        result
     }
 }

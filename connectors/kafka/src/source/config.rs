@@ -54,7 +54,8 @@ pub struct KafkaSourceConfig {
     /// own), in milliseconds. Default 1000; allowed `1..=3_600_000`. Commits also happen on
     /// revocation and at shutdown.
     pub commit_interval_ms: u64,
-    /// Bound on the synchronous commit made at shutdown, in milliseconds. Default 5000;
+    /// How long shutdown waits for the final commit to be confirmed, in milliseconds (the
+    /// commit itself may still complete later, on the committer thread). Default 5000;
     /// allowed `1..=600_000`.
     pub commit_timeout_ms: u64,
     /// Bound on leaving the group and closing the client at shutdown, in milliseconds

@@ -30,7 +30,7 @@ use super::stats::Stats;
 pub(crate) enum Committed {
     /// Every watermark was already committed.
     Nothing,
-    /// Committed (synchronous) or handed to the client (asynchronous).
+    /// Committed.
     Done,
     /// The client or the broker refused it; counted.
     Failed,
@@ -192,25 +192,23 @@ impl Offsets {
         self.paused.store(false, Ordering::Release);
     }
 
-    /// Commits every changed watermark. A `Sync` result is recorded here; an `Async` one
-    /// only if librdkafka reports it (see [`super::commit`]).
+    /// Commits every changed watermark, synchronously (see [`super::commit`] for why), and
+    /// records the result.
     pub(crate) fn commit<C: ConsumerContext>(
         &self,
         consumer: &BaseConsumer<C>,
-        mode: CommitMode,
         trigger: CommitTrigger,
     ) -> Committed {
         let (tpl, list) = self.state.lock().committable();
         if list.is_empty() {
             return Committed::Nothing;
         }
-        match (mode, consumer.commit(&tpl, mode)) {
-            (CommitMode::Sync, Ok(())) => {
+        match consumer.commit(&tpl, CommitMode::Sync) {
+            Ok(()) => {
                 self.mark_committed(&list, trigger);
                 Committed::Done
             }
-            (_, Ok(())) => Committed::Done,
-            (_, Err(err)) => {
+            Err(err) => {
                 self.stats.commits_failed.fetch_add(1, Ordering::Relaxed);
                 metrics::commit(trigger, false);
                 // Expected while the coordinator is away; the next interval retries.
@@ -262,7 +260,8 @@ impl AckSink for KafkaAcks {
     }
 }
 
-/// The consumer's context: the commit and rebalance callbacks, run on the poll thread.
+/// The consumer's context: the rebalance callbacks, run on the poll thread (and, for a client
+/// being closed after a fatal error, on the thread closing it: ignored by generation).
 #[derive(Debug)]
 pub(crate) struct SourceContext {
     pub(crate) offsets: Arc<Offsets>,

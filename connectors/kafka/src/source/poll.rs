@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, oneshot};
 use triage::quanta::Clock;
 use triage::runtime::{Ack, AckSink, Envelope};
 
-use crate::metrics::{self, CommitTrigger};
+use crate::metrics;
 use crate::KafkaMessage;
 
 use super::classify::{deadline_instant, Classifier, MessageMeta};
@@ -119,10 +119,16 @@ impl PollLoop {
                     }
                 }
                 Some(Err(KafkaError::MessageConsumptionFatal(code))) => {
+                    // The event carries only `_FATAL`; the client knows the cause.
+                    let reason = self
+                        .consumer
+                        .client()
+                        .fatal_error()
+                        .map_or_else(|| code.to_string(), |(c, text)| format!("{c:?}: {text}"));
                     held.clear();
                     paused = false;
                     full_since = None;
-                    if !self.replace_client(&code.to_string()) {
+                    if !self.replace_client(&reason) {
                         break 'poll;
                     }
                 }
@@ -168,13 +174,8 @@ impl PollLoop {
                     *self.slot.lock() = Arc::clone(&fresh);
                     let old = std::mem::replace(&mut self.consumer, fresh);
                     // Closing a fenced client may take a while; its callbacks are ignored. (The
-                    // committer may still hold it for a moment: the last one to let go closes.)
-                    let closed = std::thread::Builder::new()
-                        .name("triage-kafka-close".into())
-                        .spawn(move || drop(old));
-                    if let Err(err) = closed {
-                        tracing::warn!(%err, "kafka source: no thread to close the old client");
-                    }
+                    // committer may still hold it for a moment: then it closes it the same way.)
+                    super::client::close_elsewhere(old);
                     return true;
                 }
                 Err(err) => {
@@ -262,21 +263,18 @@ impl PollLoop {
         // already covers everything settled, and the broker may be unreachable.
         self.offsets.set_closing();
         let (reply, confirmed) = std::sync::mpsc::sync_channel(1);
+        // The committer counts the commit's result whenever it comes; waiting is bounded.
         let done = match self.commits.send(Request::Final(reply)) {
             Ok(()) => confirmed.recv_timeout(self.commit_timeout).ok(),
             Err(_) => None,
         };
-        if done != Some(true) {
-            if done.is_none() {
-                // Still waiting on the broker: counted here, the committer's own result (if
-                // it ever comes) is not.
-                self.offsets
-                    .stats
-                    .commits_failed
-                    .fetch_add(1, Ordering::Relaxed);
-                metrics::commit(CommitTrigger::Shutdown, false);
-            }
-            tracing::warn!("kafka source: final commit not confirmed in time");
+        match done {
+            Some(true) => {}
+            Some(false) => tracing::warn!("kafka source: final commit failed"),
+            None => tracing::warn!(
+                timeout_ms = self.commit_timeout.as_millis() as u64,
+                "kafka source: final commit not confirmed in time"
+            ),
         }
         self.consumer.unsubscribe();
         // Dropping the consumer leaves the group and destroys the client (once the committer
