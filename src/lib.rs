@@ -50,6 +50,7 @@
 #![doc(test(attr(deny(warnings))))]
 
 pub mod admission;
+mod config_de;
 mod criticality;
 mod error;
 pub mod ledger;

@@ -399,8 +399,21 @@ fn invalid_config_names_the_field_and_range() {
             "[queue.admission.cutoff_ms]\ncritical = 400\nhigh = 500\nmedium = 80\nsheddable = 20",
             "queue.admission.cutoff_ms.high = 500 is out of range: allowed 1..=400",
         ),
-        ("[queue]\ncapacity = 0", "capacity"),
-        ("workers = 0", "workers"),
+        // A zero count: the line names the key, the message the range.
+        (
+            "[queue]\ncapacity = 0",
+            "capacity = 0\n  |            ^\n0 is out of range: allowed 1..=4294967296",
+        ),
+        ("workers = 0", "0 is out of range: allowed 1..=100000"),
+        ("workers = 0", "workers = 0"),
+        (
+            "max_held = 200000",
+            "200000 is out of range: allowed 1..=100000",
+        ),
+        (
+            "max_deferring = -3",
+            "-3 is out of range: allowed 1..=100000",
+        ),
         (
             "[retry]\nmax_retries = 1000",
             "retry.max_retries = 1000 is out of range: allowed 0..=100",

@@ -115,6 +115,7 @@ fn default_weights() -> PerTier<Weight> {
 #[serde(deny_unknown_fields, default)]
 pub struct WfqConfig {
     /// Most items held across all tiers, in items. Allowed `1..=2^32`. Default `1024`.
+    #[serde(deserialize_with = "crate::config_de::count::<_, MAX_CAPACITY>")]
     pub capacity: NonZeroUsize,
     /// Optional budget on the summed `size_bytes` of held items, in bytes. `None` (the default)
     /// bounds by count only.

@@ -124,6 +124,7 @@ impl RetryConfig {
 pub struct RuntimeConfig {
     /// Worker tasks: the most handlers that can ever run at once. The concurrency limit moves
     /// below it. Allowed `1..=100_000`. Default `8`.
+    #[serde(deserialize_with = "crate::config_de::count::<_, 100_000>")]
     pub workers: NonZeroUsize,
     /// The queue: capacity, byte budget, weights, queue-age cut-offs. See [`WfqConfig`].
     pub queue: WfqConfig,
@@ -140,6 +141,7 @@ pub struct RuntimeConfig {
     pub retry: RetryConfig,
     /// Deferrals waiting for their broker confirm at once; past it, refused messages of a
     /// Defer tier are held (backpressure). Allowed `1..=100_000`. Default `256`.
+    #[serde(deserialize_with = "crate::config_de::count::<_, 100_000>")]
     pub max_deferring: NonZeroUsize,
     /// While the defer sink is failing, how long Defer tiers behave as Backpressure before the
     /// sink is tried again, in milliseconds. Allowed `1..=3_600_000`. Default `1000`.
@@ -147,6 +149,7 @@ pub struct RuntimeConfig {
     /// Messages an intake holds under backpressure while it keeps pulling, per source, so a
     /// refused message does not block the more critical ones behind it in the same partition.
     /// When full, the source is paused. Allowed `1..=100_000`. Default `64`.
+    #[serde(deserialize_with = "crate::config_de::count::<_, 100_000>")]
     pub max_held: NonZeroUsize,
     /// How often a held (backpressured) message is retried when nothing else wakes it, and how
     /// often gauges are sampled, in milliseconds. Allowed `1..=60_000`. Default `5`.
