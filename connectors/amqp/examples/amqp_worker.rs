@@ -8,7 +8,8 @@
 //! ```
 //!
 //! Prints the ledger (per tier: consumed, completed, deferred, shed...) every second and at
-//! the end. Ctrl-C or `--seconds` stops it gracefully: what finished is acked before the
+//! the end. Deferred work is drained back from `<queue>.deferred` when load falls. Ctrl-C or
+//! `--seconds` stops it gracefully: what finished is acked before the
 //! channel closes, the rest is redelivered later.
 
 use std::num::NonZeroUsize;
@@ -89,6 +90,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         })?;
     runtime.attach(source);
+    // Deferred work comes back as Sheddable (every priority maps to it), pulled only while
+    // the Sheddable tier is admitted and workers are idle.
+    let mut drain_config = AmqpSourceConfig::new(&args.uri, format!("{}.deferred", args.queue));
+    drain_config.prefetch = args.prefetch;
+    drain_config.dead_letter_via_sink = true;
+    drain_config.classify.default_tier = triage::Criticality::Sheddable;
+    drain_config.classify.priority = triage_amqp::PriorityMapping {
+        sheddable_max: 252,
+        medium_max: 253,
+        high_max: 254,
+    };
+    runtime.attach_drain(AmqpSource::connect(drain_config, capacity).await?);
 
     let stop = async {
         if args.seconds > 0 {

@@ -1,4 +1,4 @@
-//! RabbitMQ (AMQP 0-9-1) connector for [triage](triage), on [lapin] and tokio.
+//! RabbitMQ (AMQP 0-9-1) connector for [triage], on [lapin] and tokio.
 //!
 //! - [`AmqpSource`]: consumes a queue with a bounded prefetch, classifies each delivery from
 //!   its `priority` property or a trusted header (never the body), and settles it exactly

@@ -2,7 +2,7 @@
 //!
 //! Names are under `triage_amqp_`, recorded through the [`metrics`] facade (a no-op until the
 //! application installs a recorder). Counters only increase. The same counts are kept in
-//! process as [`AmqpSourceStats`](crate::AmqpSourceStats) so that tests and health checks can
+//! process as [`AmqpSourceStats`] so that tests and health checks can
 //! read them without a recorder.
 //!
 //! | name | labels | what it counts |

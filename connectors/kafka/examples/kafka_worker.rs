@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! tests/brokers/kafka.sh start
-//! cargo run -p triage-kafka --example kafka_load -- --topic orders --rate 3000 --duration 30 &
+//! cargo run -p triage-kafka --example kafka_load -- --topic orders --rate 6000 --duration 30 &
 //! cargo run -p triage-kafka --example kafka_worker -- --topic orders --work-ms 5 --duration 40
 //! ```
 
@@ -40,6 +40,10 @@ struct Args {
     /// How long to run, in seconds.
     #[arg(long, default_value_t = 30)]
     duration: u64,
+    /// Messages the intake holds under backpressure before it pauses the partition (the
+    /// runtime's `max_held`; default: the runtime's).
+    #[arg(long)]
+    max_held: Option<usize>,
 }
 
 async fn ensure_topic(brokers: &str, topic: &str) -> Result<(), Box<dyn Error>> {
@@ -62,10 +66,13 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let deferred = format!("{}.deferred", args.topic);
     ensure_topic(&args.brokers, &deferred).await?;
 
-    let config = RuntimeConfig {
+    let mut config = RuntimeConfig {
         workers: std::num::NonZeroUsize::new(args.workers).ok_or("workers must be > 0")?,
         ..RuntimeConfig::default()
     };
+    if let Some(held) = args.max_held {
+        config.max_held = std::num::NonZeroUsize::new(held).ok_or("max-held must be > 0")?;
+    }
     let defer_sink = Arc::new(KafkaDeferSink::new(KafkaSinkConfig::new(
         &args.brokers,
         &deferred,

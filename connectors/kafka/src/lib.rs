@@ -1,6 +1,6 @@
 //! # triage-kafka
 //!
-//! Kafka connector for [triage](triage): a consumer-group [`KafkaSource`] that classifies
+//! Kafka connector for [triage]: a consumer-group [`KafkaSource`] that classifies
 //! messages from headers, topic and timestamp (never the payload) and commits only the
 //! contiguous watermark of settled offsets, and a [`KafkaDeferSink`] that re-publishes deferred
 //! or dead-lettered messages to a durable topic and reports success only after the broker's

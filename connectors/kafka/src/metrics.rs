@@ -1,4 +1,4 @@
-//! Every metric this crate records, through the [`metrics`](::metrics) facade.
+//! Every metric this crate records, through the [`metrics`] facade.
 //!
 //! One module names them all so a dashboard can be written from this page. Counters only
 //! increase. None is recorded per message on the reject path; the per-message ones

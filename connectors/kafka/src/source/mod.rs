@@ -1,13 +1,13 @@
 //! [`KafkaSource`]: a consumer-group member that classifies cheaply and commits only what
 //! is settled.
 //!
-//! - Classification ([`classify`]): from headers (on trusted topics), topic and timestamp,
+//! - Classification (`classify.rs`): from headers (on trusted topics), topic and timestamp,
 //!   never the payload; bad labels fall back to a default and are counted.
-//! - Offsets ([`offsets`]): auto commit off; every record is tracked in triage's
+//! - Offsets (`offsets.rs`): auto commit off; every record is tracked in triage's
 //!   [`AckTracker`](triage::ledger::AckTracker) and only the contiguous watermark is committed:
-//!   every `commit_interval_ms` from a committer thread ([`commit`]), on revocation, and
+//!   every `commit_interval_ms` from a committer thread (`commit.rs`), on revocation, and
 //!   (bounded) on shutdown.
-//! - Flow ([`poll`]): a dedicated thread polls the consumer at all times, so pausing never
+//! - Flow (`poll.rs`): a dedicated thread polls the consumer at all times, so pausing never
 //!   costs the group membership, and hands records over through a bounded channel.
 //!
 //! After rdkafka's `examples/at_least_once.rs`, with the offset store replaced by the
