@@ -412,8 +412,13 @@ async fn consumes_again_after_a_broker_restart_that_outlasts_the_session() {
         e.ack.resolve(Disposition::Completed);
     }
     let stats = source.stats();
+    // A replaced client starts again from the committed position: repeats are allowed
+    // (at-least-once), gaps are not.
+    let mut distinct = seen.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
     assert!(
-        seen == [2, 3, 4, 5, 6] || seen == [1, 2, 3, 4, 5, 6],
+        distinct == [2, 3, 4, 5, 6] || distinct == [1, 2, 3, 4, 5, 6],
         "{seen:?} {stats:?}"
     );
     assert_eq!(committed_at_least(&group, &topic, 7).await, 7, "{stats:?}");
@@ -469,12 +474,20 @@ async fn a_fenced_static_member_replaces_its_client_and_consumes_on() {
     tokio::task::spawn_blocking(move || drop(intruder));
 
     produce_n(&topic, 3).await;
-    let got = take(&mut source, 3).await;
-    assert_eq!(offsets(&got), vec![1, 2, 3], "{:?}", source.stats());
-    for e in got {
+    // Until offset 3 is seen: should the intruder's own join come last and fence the new
+    // client too, the next one starts again from the committed position (repeats allowed,
+    // gaps not).
+    let mut seen = Vec::new();
+    while seen.last() != Some(&3) {
+        let e = next(&mut source).await;
+        seen.push(e.payload.offset);
         e.ack.resolve(Disposition::Completed);
     }
+    let mut distinct = seen.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct, vec![1, 2, 3], "{seen:?} {:?}", source.stats());
     assert_eq!(committed_at_least(&group, &topic, 4).await, 4);
-    assert_eq!(source.stats().client_restarts, 1, "{:?}", source.stats());
+    assert!(source.stats().client_restarts >= 1, "{:?}", source.stats());
     source.shutdown().await;
 }
