@@ -301,6 +301,10 @@ do_stop() {
     rm -f "$PIDF"
     return 0
   fi
+  # A stop is usually followed by a start from this checkout, which may not have its jars yet
+  # (the broker may run from another checkout's): fetch them first, so that the broker is not
+  # kept down for the download.
+  fetch_jars
   say "stopping broker (pid $pid)"
   kill -TERM "$pid" 2>/dev/null || true
   deadline=$((SECONDS + STOP_TIMEOUT))
