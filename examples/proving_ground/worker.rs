@@ -410,8 +410,8 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
             serve(runtime, &mut terminate, &recorder, &stats_path).await
         }
         BrokerKind::Amqp => {
+            use triage_amqp::AmqpSourceConfig;
             use triage_amqp::{AmqpDeferSink, AmqpMessage, AmqpSinkConfig, AmqpSource};
-            use triage_amqp::{AmqpSourceConfig, PriorityMapping};
             let observer = Arc::clone(&log);
             let sojourn = Arc::clone(&log);
             let mut runtime = Runtime::builder(config)
@@ -433,16 +433,10 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
             main.classify.trusted_queues = vec![args.topic.clone()];
             main.declare.max_priority = Some(crate::load::MAX_PRIORITY);
             runtime.attach(AmqpSource::connect(main, capacity).await?);
-            // The drain: every deferred message is Sheddable (all priorities map to it).
-            let mut drain = AmqpSourceConfig::new(AMQP, &deferred);
+            // The drain: every deferred message is Sheddable.
+            let mut drain = AmqpSourceConfig::drain(AMQP, &deferred);
             drain.prefetch = prefetch;
             drain.dead_letter_via_sink = true;
-            drain.classify.default_tier = Criticality::Sheddable;
-            drain.classify.priority = PriorityMapping {
-                sheddable_max: 252,
-                medium_max: 253,
-                high_max: 254,
-            };
             runtime.attach_drain(AmqpSource::connect(drain, capacity).await?);
             serve(runtime, &mut terminate, &recorder, &stats_path).await
         }

@@ -90,17 +90,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         })?;
     runtime.attach(source);
-    // Deferred work comes back as Sheddable (every priority maps to it), pulled only while
-    // the Sheddable tier is admitted and workers are idle.
-    let mut drain_config = AmqpSourceConfig::new(&args.uri, format!("{}.deferred", args.queue));
+    // Deferred work comes back as Sheddable, pulled only while the Sheddable tier is
+    // admitted and workers are idle.
+    let mut drain_config = AmqpSourceConfig::drain(&args.uri, format!("{}.deferred", args.queue));
     drain_config.prefetch = args.prefetch;
     drain_config.dead_letter_via_sink = true;
-    drain_config.classify.default_tier = triage::Criticality::Sheddable;
-    drain_config.classify.priority = triage_amqp::PriorityMapping {
-        sheddable_max: 252,
-        medium_max: 253,
-        high_max: 254,
-    };
     runtime.attach_drain(AmqpSource::connect(drain_config, capacity).await?);
 
     let stop = async {

@@ -47,17 +47,19 @@ impl Classifier {
         let header = |name: &str| headers.and_then(|h| h.inner().get(name));
 
         let (criticality, unclassified) = match (
+            self.classify.fixed_tier,
             self.trusted
                 .then(|| header(&self.classify.header))
                 .flatten(),
             *props.priority(),
         ) {
-            (Some(value), _) => match tier_from_value(value) {
+            (Some(fixed), _, _) => (fixed, None),
+            (None, Some(value), _) => match tier_from_value(value) {
                 Ok(c) => (c, None),
                 Err(reason) => (self.classify.default_tier, Some(reason)),
             },
-            (None, Some(priority)) => (self.classify.priority.map(priority), None),
-            (None, None) => (self.classify.default_tier, Some(Unclassified::Missing)),
+            (None, None, Some(priority)) => (self.classify.priority.map(priority), None),
+            (None, None, None) => (self.classify.default_tier, Some(Unclassified::Missing)),
         };
 
         let attempt = header(&self.classify.attempt_header)
@@ -174,6 +176,23 @@ mod tests {
             tiers,
             [Sheddable, Sheddable, Medium, Medium, High, High, Critical, Critical]
         );
+    }
+
+    #[test]
+    fn a_fixed_tier_overrides_priority_and_header() {
+        let mut c = ClassifyConfig::default();
+        c.trusted_queues.push("q".into());
+        c.fixed_tier = Some(Criticality::Sheddable);
+        let c = Classifier::new(c, DeadlineConfig::default(), "q");
+        for props in [
+            BasicProperties::default().with_priority(255),
+            with_header("triage-criticality", text("Critical")),
+            BasicProperties::default(),
+        ] {
+            let got = c.classify(&props, 0);
+            assert_eq!(got.criticality, Criticality::Sheddable);
+            assert_eq!(got.unclassified, None);
+        }
     }
 
     #[test]

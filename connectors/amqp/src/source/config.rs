@@ -103,6 +103,27 @@ impl AmqpSourceConfig {
         }
     }
 
+    /// A configuration draining the defer queue `queue` at `uri`: every delivery is
+    /// [`Criticality::Sheddable`] whatever its priority or header, and its deadline header
+    /// (written by the sink) is honoured. Attach it with `Runtime::attach_drain`, which pulls
+    /// only while the Sheddable tier is admitted. The Kafka counterpart is
+    /// `triage_kafka::drain::builder`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use triage::Criticality;
+    /// use triage_amqp::AmqpSourceConfig;
+    ///
+    /// let drain = AmqpSourceConfig::drain("amqp://127.0.0.1:5672/%2f", "orders.deferred");
+    /// assert_eq!(drain.classify.fixed_tier, Some(Criticality::Sheddable));
+    /// ```
+    pub fn drain(uri: impl Into<String>, queue: impl Into<String>) -> Self {
+        let mut config = AmqpSourceConfig::new(uri, queue);
+        config.classify.fixed_tier = Some(Criticality::Sheddable);
+        config
+    }
+
     /// Checks every range, with the prefetch bounded by the capacity of the runtime queue the
     /// source feeds (in envelopes).
     ///
@@ -203,6 +224,10 @@ pub struct ClassifyConfig {
     /// Header carrying the retry count set by triage when it re-publishes (a non-negative
     /// integer). Default `triage-attempt`. Honoured on every queue: it can only demote.
     pub attempt_header: String,
+    /// Every delivery gets this tier, whatever its priority or header say: the drain of a
+    /// defer queue, where everything is Sheddable (see [`AmqpSourceConfig::drain`]). Default
+    /// none.
+    pub fixed_tier: Option<Criticality>,
 }
 
 impl Default for ClassifyConfig {
@@ -213,6 +238,7 @@ impl Default for ClassifyConfig {
             trusted_queues: Vec::new(),
             default_tier: Criticality::Medium,
             attempt_header: "triage-attempt".to_owned(),
+            fixed_tier: None,
         }
     }
 }
