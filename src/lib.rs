@@ -60,6 +60,7 @@ pub mod observe;
 pub mod queue;
 pub mod runtime;
 mod tier;
+pub mod wire;
 
 pub use criticality::{Criticality, ParseCriticalityError};
 pub use error::ConfigError;

@@ -247,6 +247,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         Republish {
             criticality: item.original,
             attempt: item.attempt,
+            deferrals: item.deferrals,
             deadline,
             reason,
             error,
@@ -259,7 +260,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
         let Some(sink) = self.defer.clone() else {
             return self.hold_until_queued(item).await;
         };
-        let info = self.republish_info(&item, reason.as_str(), None);
+        let mut info = self.republish_info(&item, reason.as_str(), None);
+        info.deferrals = item.deferrals.saturating_add(1);
         match sink.publish(item.payload(), &info).await {
             Ok(()) => {
                 self.accounts.metrics.tiers[item.original]

@@ -29,6 +29,10 @@ pub struct Envelope<T> {
     pub criticality: Criticality,
     /// Retries so far (0 for a first delivery); the runtime demotes one level per retry.
     pub attempt: u32,
+    /// Times this message has already been deferred (the `triage-deferrals` header of a drained
+    /// copy; 0 for a first delivery). A message deferred `max_deferrals` times is not deferred
+    /// again.
+    pub deferrals: u32,
     /// Instant after which serving it is useless; `None` never expires.
     pub deadline: Option<Instant>,
     /// Size counted against the queue's byte budget, in bytes.
@@ -44,6 +48,7 @@ impl<T> Envelope<T> {
             payload,
             criticality,
             attempt: 0,
+            deferrals: 0,
             deadline: None,
             size_bytes: 0,
             ack,
@@ -75,6 +80,13 @@ impl<T> Envelope<T> {
     #[must_use]
     pub fn with_attempt(mut self, attempt: u32) -> Self {
         self.attempt = attempt;
+        self
+    }
+
+    /// Sets the count of earlier deferrals (from the `triage-deferrals` header).
+    #[must_use]
+    pub fn with_deferrals(mut self, deferrals: u32) -> Self {
+        self.deferrals = deferrals;
         self
     }
 

@@ -41,6 +41,8 @@ pub(crate) struct Item<T> {
     payload: Payload<T>,
     pub(crate) original: Criticality,
     pub(crate) attempt: u32,
+    /// Earlier deferrals of this message (its copies' `triage-deferrals`).
+    pub(crate) deferrals: u32,
     pub(crate) deadline: Option<Instant>,
     pub(crate) size_bytes: usize,
     /// Set by a drain source: refusals hold it rather than deferring it again.
@@ -63,6 +65,7 @@ impl<T> Item<T> {
             payload: Payload::Owned(env.payload),
             original,
             attempt: env.attempt,
+            deferrals: env.deferrals,
             deadline: env.deadline,
             size_bytes: env.size_bytes,
             from_drain,
@@ -122,6 +125,7 @@ impl<T> Item<T> {
             payload,
             criticality: self.original,
             attempt: self.attempt,
+            deferrals: self.deferrals,
             deadline: self.deadline,
             size_bytes: self.size_bytes,
             ack,

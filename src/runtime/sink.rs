@@ -50,6 +50,9 @@ pub struct Republish {
     pub criticality: Criticality,
     /// Retries so far.
     pub attempt: u32,
+    /// Deferrals of this message including this one when it is being deferred (the
+    /// `triage-deferrals` header of the copy); for a dead letter, the deferrals so far.
+    pub deferrals: u32,
     /// Deadline as wall-clock time, if the message had one.
     pub deadline: Option<SystemTime>,
     /// Why it is re-published: a [`DeferReason`] name, or `failed` / `panicked` for a dead

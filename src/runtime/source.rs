@@ -28,6 +28,25 @@ pub trait Source: Send + 'static {
     /// The held message was admitted; pulling resumes.
     fn resume(&mut self) {}
 
+    /// Messages waiting in the broker for this consumer, not yet pulled: for Kafka the sum over
+    /// the assigned partitions of the high watermark minus the position, for RabbitMQ the
+    /// queue's ready-message count. `None` when unknown (not yet measured, or the source cannot
+    /// tell). Read by the runtime's sampler a few times a second to estimate the arrival rate
+    /// (the lag's trend plus the rate of pulling), so it must be cheap and never block:
+    /// return a value the source refreshes on its own schedule.
+    fn lag(&self) -> Option<u64> {
+        None
+    }
+
+    /// The tiers whose work the runtime is shedding right now (a bottom prefix of the ladder,
+    /// possibly empty). A source that reads tiers from separate topics or queues (a topic per
+    /// tier) stops pulling those tiers' topics while they are in the set, so their records wait
+    /// in the broker rather than being consumed only to be deferred, and resumes them when they
+    /// leave it. A source over one mixed topic ignores it (the default).
+    fn pause_tiers(&mut self, tiers: crate::queue::TierMask) {
+        let _ = tiers;
+    }
+
     /// The runtime is stopping: every message it took has been resolved or released. Make the
     /// final synchronous acknowledgement (Kafka: commit the watermark) and return. Must return
     /// even when the broker is unreachable; the runtime also bounds it by its grace period.

@@ -57,6 +57,7 @@ async fn broker_restart_loses_nothing() {
     let info = Republish {
         criticality: Criticality::Medium,
         attempt: 0,
+        deferrals: 0,
         deadline: None,
         reason: "overloaded",
         error: None,

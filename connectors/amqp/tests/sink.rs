@@ -18,6 +18,7 @@ fn republish(error: Option<&str>) -> Republish {
     Republish {
         criticality: Criticality::High,
         attempt: 1,
+        deferrals: 0,
         deadline: Some(UNIX_EPOCH + Duration::from_millis(4_102_444_800_000)),
         reason: if error.is_some() {
             "failed"

@@ -193,6 +193,7 @@ fn republish(reason: &'static str) -> Republish {
     Republish {
         criticality: Criticality::High,
         attempt: 1,
+        deferrals: 0,
         deadline: Some(SystemTime::UNIX_EPOCH + Duration::from_millis(4_000_000_000_000)),
         reason,
         error: None,

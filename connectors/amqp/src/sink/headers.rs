@@ -141,6 +141,7 @@ mod tests {
         Republish {
             criticality: Criticality::High,
             attempt: 2,
+            deferrals: 0,
             deadline: Some(UNIX_EPOCH + Duration::from_millis(1_700_000_000_123)),
             reason: if error.is_some() {
                 "failed"

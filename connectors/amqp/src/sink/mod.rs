@@ -56,6 +56,7 @@ use crate::{AmqpError, AmqpMessage};
 /// let info = Republish {
 ///     criticality: Criticality::Medium,
 ///     attempt: 0,
+///     deferrals: 0,
 ///     deadline: None,
 ///     reason: "overloaded",
 ///     error: None,

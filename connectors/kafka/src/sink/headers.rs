@@ -111,6 +111,7 @@ mod tests {
         let info = Republish {
             criticality: Criticality::High,
             attempt: 1,
+            deferrals: 0,
             deadline: Some(SystemTime::UNIX_EPOCH + Duration::from_millis(5000)),
             reason: "overloaded",
             error: None,
