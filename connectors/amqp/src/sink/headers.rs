@@ -1,62 +1,43 @@
 //! The properties of a re-published message: the original ones, its headers copied once,
 //! plus the triage headers.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 use triage::runtime::Republish;
+use triage::wire::{
+    self, ATTEMPT, CRITICALITY, DEADLINE_MS, DEFERRALS, ERROR, ORIGIN_QUEUE, REASON,
+};
 
 use crate::AmqpMessage;
-
-/// Tier as classified at the source, before retry demotion (a tier name).
-pub(crate) const CRITICALITY: &str = "triage-criticality";
-/// Retries so far (integer).
-pub(crate) const ATTEMPT: &str = "triage-attempt";
-/// Absolute deadline, Unix milliseconds (integer).
-pub(crate) const DEADLINE_MS: &str = "triage-deadline-ms";
-/// Why it was re-published: a defer reason, `failed` or `panicked`.
-pub(crate) const REASON: &str = "triage-reason";
-/// The queue it was consumed from.
-pub(crate) const ORIGIN_QUEUE: &str = "triage-origin-queue";
-/// The last error's text, for a dead letter.
-pub(crate) const ERROR: &str = "triage-error";
-
-/// Longest `triage-error` text kept, in bytes: a header is not a log.
-const MAX_ERROR_BYTES: usize = 1024;
 
 /// Properties for the copy of `message`: everything of the original except `expiration`
 /// (the copy's TTL would restart on re-publish; the deadline travels in
 /// `triage-deadline-ms`) and `user_id` (the broker refuses one that is not the publishing
-/// connection's user), persistent, with the original headers plus the triage headers.
+/// connection's user), persistent, with the original headers plus the triage headers of the
+/// [`wire`] contract, every value as text (a label or a decimal number).
 pub(crate) fn republish_properties(message: &AmqpMessage, info: &Republish) -> BasicProperties {
     let original = message.properties();
     // A map keyed by name: copying the table once and overwriting the triage keys leaves
     // every original header exactly once and every triage header exactly once.
     let mut headers: FieldTable = original.headers().clone().unwrap_or_default();
-    let mut set = |name: &str, value: AMQPValue| {
-        headers.insert(ShortString::from(name), value);
-    };
-    set(
-        CRITICALITY,
-        AMQPValue::LongString(LongString::from(info.criticality.as_str())),
-    );
-    set(ATTEMPT, AMQPValue::LongLongInt(i64::from(info.attempt)));
-    set(REASON, AMQPValue::LongString(LongString::from(info.reason)));
-    if !message.queue().is_empty() {
-        set(
-            ORIGIN_QUEUE,
-            AMQPValue::LongString(LongString::from(message.queue())),
+    let mut set = |name: &str, value: &str| {
+        headers.insert(
+            ShortString::from(name),
+            AMQPValue::LongString(LongString::from(value)),
         );
+    };
+    set(CRITICALITY, info.criticality.as_str());
+    set(ATTEMPT, &info.attempt.to_string());
+    set(DEFERRALS, &info.deferrals.to_string());
+    set(REASON, info.reason);
+    if !message.queue().is_empty() {
+        set(ORIGIN_QUEUE, message.queue());
     }
-    if let Some(ms) = info.deadline.and_then(unix_ms) {
-        set(DEADLINE_MS, AMQPValue::LongLongInt(ms));
+    if let Some(deadline) = info.deadline {
+        set(DEADLINE_MS, &wire::format_deadline_ms(deadline));
     }
     if let Some(error) = &info.error {
-        set(
-            ERROR,
-            AMQPValue::LongString(LongString::from(truncate(error, MAX_ERROR_BYTES))),
-        );
+        set(ERROR, wire::bound_error(error));
     }
     if info.deadline.is_none() {
         remove(&mut headers, DEADLINE_MS);
@@ -113,25 +94,9 @@ fn remove(headers: &mut FieldTable, name: &str) {
     }
 }
 
-fn unix_ms(at: SystemTime) -> Option<i64> {
-    let ms = at.duration_since(UNIX_EPOCH).ok()?.as_millis();
-    i64::try_from(ms).ok()
-}
-
-fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, UNIX_EPOCH};
 
     use triage::Criticality;
 
@@ -141,7 +106,7 @@ mod tests {
         Republish {
             criticality: Criticality::High,
             attempt: 2,
-            deferrals: 0,
+            deferrals: 3,
             deadline: Some(UNIX_EPOCH + Duration::from_millis(1_700_000_000_123)),
             reason: if error.is_some() {
                 "failed"
@@ -171,7 +136,9 @@ mod tests {
         let headers = props.headers().clone().unwrap();
         let get = |k: &str| headers.inner().get(k).cloned();
         assert_eq!(get("tenant"), Some(AMQPValue::LongString("acme".into())));
-        assert_eq!(get(ATTEMPT), Some(AMQPValue::LongLongInt(2)));
+        let text = |v: &str| Some(AMQPValue::LongString(v.into()));
+        assert_eq!(get(ATTEMPT), text("2"));
+        assert_eq!(get(DEFERRALS), text("3"));
         assert_eq!(get(CRITICALITY), Some(AMQPValue::LongString("high".into())));
         assert_eq!(
             get(REASON),
@@ -181,12 +148,9 @@ mod tests {
             get(ORIGIN_QUEUE),
             Some(AMQPValue::LongString("orders".into()))
         );
-        assert_eq!(
-            get(DEADLINE_MS),
-            Some(AMQPValue::LongLongInt(1_700_000_000_123))
-        );
+        assert_eq!(get(DEADLINE_MS), text("1700000000123"));
         assert_eq!(get(ERROR), None);
-        assert_eq!(headers.inner().len(), 6);
+        assert_eq!(headers.inner().len(), 7);
         assert_eq!(props.delivery_mode(), &Some(2));
         assert_eq!(props.priority(), &Some(6));
         assert_eq!(props.message_id().as_ref().map(|s| s.as_str()), Some("m-1"));
@@ -202,7 +166,8 @@ mod tests {
         let Some(AMQPValue::LongString(e)) = headers.inner().get(ERROR) else {
             panic!("no error header");
         };
-        assert!(e.as_bytes().len() <= MAX_ERROR_BYTES);
+        assert!(e.as_bytes().len() <= wire::MAX_ERROR_BYTES);
+        assert!(e.as_bytes().len() >= wire::MAX_ERROR_BYTES - 1);
         assert!(std::str::from_utf8(e.as_bytes()).is_ok());
         assert_eq!(headers.inner().get(ORIGIN_QUEUE), None);
     }

@@ -35,9 +35,10 @@ use crate::{AmqpError, AmqpMessage};
 /// Clones share the connection.
 ///
 /// The copy keeps the body, the properties (persistent, without `expiration` and
-/// `user_id`) and every original header once, plus `triage-criticality`, `triage-attempt`,
-/// `triage-deadline-ms`, `triage-reason`, `triage-origin-queue`, and `triage-error` for
-/// dead letters.
+/// `user_id`) and every original header once, plus the [`triage::wire`] headers as text:
+/// `triage-criticality`, `triage-attempt`, `triage-deferrals`, `triage-deadline-ms`,
+/// `triage-reason`, `triage-origin-queue`, and for dead letters `triage-error` (at most
+/// [`MAX_ERROR_BYTES`](triage::wire::MAX_ERROR_BYTES) bytes).
 ///
 /// # Examples
 ///

@@ -6,7 +6,7 @@
 
 use lapin::types::AMQPValue;
 use lapin::BasicProperties;
-use triage::Criticality;
+use triage::{wire, Criticality};
 
 use super::config::{ClassifyConfig, DeadlineConfig};
 use crate::metrics::Unclassified;
@@ -18,6 +18,8 @@ pub(crate) struct Classified {
     /// Set when `criticality` is the default tier, with why.
     pub(crate) unclassified: Option<Unclassified>,
     pub(crate) attempt: u32,
+    /// Earlier deferrals (`triage-deferrals`), 0 without the header.
+    pub(crate) deferrals: u32,
     /// Absolute deadline, Unix milliseconds.
     pub(crate) deadline_unix_ms: Option<u64>,
 }
@@ -49,7 +51,7 @@ impl Classifier {
         let (criticality, unclassified) = match (
             self.classify.fixed_tier,
             self.trusted
-                .then(|| header(&self.classify.header))
+                .then(|| header(wire::CRITICALITY))
                 .flatten(),
             *props.priority(),
         ) {
@@ -62,18 +64,19 @@ impl Classifier {
             (None, None, None) => (self.classify.default_tier, Some(Unclassified::Missing)),
         };
 
-        let attempt = header(&self.classify.attempt_header)
-            .and_then(integer)
-            .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
+        let counted = |name: &str| header(name).and_then(count).unwrap_or(0);
+        let attempt = counted(wire::ATTEMPT);
+        let deferrals = counted(wire::DEFERRALS);
 
-        let deadline_unix_ms = header(&self.deadline.header)
-            .and_then(integer)
+        let deadline_unix_ms = header(wire::DEADLINE_MS)
+            .and_then(deadline_ms)
             .or_else(|| self.derived_deadline(props, criticality, now_unix_ms));
 
         Classified {
             criticality,
             unclassified,
             attempt,
+            deferrals,
             deadline_unix_ms,
         }
     }
@@ -114,10 +117,40 @@ fn tier_from_value(value: &AMQPValue) -> Result<Criticality, Unclassified> {
     if std::str::from_utf8(bytes).is_err() {
         return Err(Unclassified::Malformed);
     }
-    Criticality::from_bytes(bytes).map_err(|_| Unclassified::Unknown)
+    wire::parse_criticality(bytes).map_err(|_| Unclassified::Unknown)
 }
 
-/// A non-negative integer from any AMQP integer type or a decimal string.
+/// A count ([`wire::ATTEMPT`], [`wire::DEFERRALS`]): an AMQP integer (what AMQP publishers
+/// write; a huge one saturates) or decimal text (what triage writes, [`wire::parse_count`]).
+fn count(value: &AMQPValue) -> Option<u32> {
+    match text(value) {
+        Some(bytes) => wire::parse_count(bytes),
+        None => integer(value).map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+    }
+}
+
+/// A [`wire::DEADLINE_MS`] value in Unix milliseconds: an AMQP integer or decimal text
+/// ([`wire::parse_deadline_ms`]).
+fn deadline_ms(value: &AMQPValue) -> Option<u64> {
+    match text(value) {
+        Some(bytes) => {
+            let at = wire::parse_deadline_ms(bytes)?;
+            let ms = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis();
+            u64::try_from(ms).ok()
+        }
+        None => integer(value),
+    }
+}
+
+fn text(value: &AMQPValue) -> Option<&[u8]> {
+    match value {
+        AMQPValue::LongString(s) => Some(s.as_bytes()),
+        AMQPValue::ShortString(s) => Some(s.as_str().as_bytes()),
+        _ => None,
+    }
+}
+
+/// A non-negative integer from any AMQP integer type.
 fn integer(value: &AMQPValue) -> Option<u64> {
     let signed = |n: i64| u64::try_from(n).ok();
     match value {
@@ -129,8 +162,6 @@ fn integer(value: &AMQPValue) -> Option<u64> {
         AMQPValue::ShortInt(n) => signed(i64::from(*n)),
         AMQPValue::LongInt(n) => signed(i64::from(*n)),
         AMQPValue::LongLongInt(n) => signed(*n),
-        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok()?.trim().parse().ok(),
-        AMQPValue::ShortString(s) => s.as_str().trim().parse().ok(),
         _ => None,
     }
 }
@@ -262,6 +293,23 @@ mod tests {
         // Without a timestamp, from receipt.
         let ttl = BasicProperties::default().with_expiration("250".into());
         assert_eq!(c.classify(&ttl, 5_000).deadline_unix_ms, Some(5_250));
+    }
+
+    #[test]
+    fn attempt_and_deferrals_as_triage_writes_them_or_as_amqp_integers() {
+        let c = classifier(false);
+        let mut h = FieldTable::default();
+        h.insert(wire::ATTEMPT.into(), text("2"));
+        h.insert(wire::DEFERRALS.into(), text(" 3 "));
+        let got = c.classify(&BasicProperties::default().with_headers(h), 0);
+        assert_eq!((got.attempt, got.deferrals), (2, 3));
+        let mut h = FieldTable::default();
+        h.insert(wire::DEFERRALS.into(), AMQPValue::LongInt(4));
+        h.insert(wire::ATTEMPT.into(), text("-1"));
+        let got = c.classify(&BasicProperties::default().with_headers(h), 0);
+        assert_eq!((got.attempt, got.deferrals), (0, 4));
+        let none = c.classify(&BasicProperties::default(), 0);
+        assert_eq!((none.attempt, none.deferrals), (0, 0));
     }
 
     #[test]

@@ -203,8 +203,9 @@ impl Default for QueueDeclareConfig {
 
 /// How a delivery is given its criticality, from its properties and headers only.
 ///
-/// In order: on a queue listed in `trusted_queues`, the `header` (a tier name, any ASCII
-/// case); otherwise, or without that header, the AMQP `priority` property through
+/// In order: on a queue listed in `trusted_queues`, the
+/// [`triage-criticality`](triage::wire::CRITICALITY) header (a tier name, any ASCII case);
+/// otherwise, or without that header, the AMQP `priority` property through
 /// `priority`; otherwise `default_tier`. A trusted header that names no tier, or is not a
 /// string, also gives `default_tier`. Every use of `default_tier` is counted in
 /// `triage_amqp_unclassified_total{reason}` with `missing`, `unknown` or `malformed`.
@@ -214,16 +215,11 @@ pub struct ClassifyConfig {
     /// Priority bands. Default `0..=2` Sheddable, `3..=4` Medium, `5..=7` High, `8..=255`
     /// Critical.
     pub priority: PriorityMapping,
-    /// Header carrying a tier name. Default `triage-criticality`.
-    pub header: String,
-    /// Queues whose publishers are trusted to set `header`. Default none: anyone who can
+    /// Queues whose publishers are trusted to set `triage-criticality`. Default none: anyone who can
     /// publish could otherwise make their messages critical.
     pub trusted_queues: Vec<String>,
     /// Tier of deliveries with no usable label. Default `medium`.
     pub default_tier: Criticality,
-    /// Header carrying the retry count set by triage when it re-publishes (a non-negative
-    /// integer). Default `triage-attempt`. Honoured on every queue: it can only demote.
-    pub attempt_header: String,
     /// Every delivery gets this tier, whatever its priority or header say: the drain of a
     /// defer queue, where everything is Sheddable (see [`AmqpSourceConfig::drain`]). Default
     /// none.
@@ -234,10 +230,8 @@ impl Default for ClassifyConfig {
     fn default() -> Self {
         ClassifyConfig {
             priority: PriorityMapping::default(),
-            header: "triage-criticality".to_owned(),
             trusted_queues: Vec::new(),
             default_tier: Criticality::Medium,
-            attempt_header: "triage-attempt".to_owned(),
             fixed_tier: None,
         }
     }
@@ -326,17 +320,14 @@ impl PriorityMapping {
 
 /// How a delivery is given its deadline, from its properties and headers only.
 ///
-/// The `header` (absolute Unix time in milliseconds, an integer or a decimal string) wins
-/// when present and valid. Otherwise the earliest of: the `timestamp` property (Unix
+/// The [`triage-deadline-ms`](triage::wire::DEADLINE_MS) header (absolute Unix time in
+/// milliseconds, an AMQP integer or a decimal string) wins when present and valid. Otherwise the earliest of: the `timestamp` property (Unix
 /// seconds, as AMQP defines it) plus the tier's window in `timestamp_window_ms`, and, when
 /// `use_expiration` is on, the `expiration` property (a TTL in milliseconds) counted from
 /// the timestamp or, without one, from receipt. None of them: no deadline.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DeadlineConfig {
-    /// Header carrying the absolute deadline in Unix milliseconds. Default
-    /// `triage-deadline-ms`.
-    pub header: String,
     /// Usefulness window after the `timestamp` property, per tier, in milliseconds. Default
     /// none for every tier (the timestamp alone gives no deadline).
     pub timestamp_window_ms: PerTier<Option<u64>>,
@@ -347,7 +338,6 @@ pub struct DeadlineConfig {
 impl Default for DeadlineConfig {
     fn default() -> Self {
         DeadlineConfig {
-            header: "triage-deadline-ms".to_owned(),
             timestamp_window_ms: PerTier::splat(None),
             use_expiration: true,
         }

@@ -342,6 +342,7 @@ impl AmqpSource {
         Some(
             Envelope::new(message, class.criticality, ack)
                 .with_attempt(class.attempt)
+                .with_deferrals(class.deferrals)
                 .with_deadline_opt(deadline)
                 .with_size_bytes(size),
         )
