@@ -50,9 +50,7 @@ impl Classifier {
 
         let (criticality, unclassified) = match (
             self.classify.fixed_tier,
-            self.trusted
-                .then(|| header(wire::CRITICALITY))
-                .flatten(),
+            self.trusted.then(|| header(wire::CRITICALITY)).flatten(),
             *props.priority(),
         ) {
             (Some(fixed), _, _) => (fixed, None),
