@@ -7,7 +7,8 @@
 //! `acks=all` delivery report.
 //!
 //! - [`source`]: [`KafkaSource`], its [`KafkaSourceConfig`], classification and offsets.
-//! - [`sink`]: [`KafkaDeferSink`] and its [`KafkaSinkConfig`], the triage headers.
+//! - [`sink`]: [`KafkaDeferSink`] and its [`KafkaSinkConfig`]; the `triage-*` headers it writes
+//!   and the source reads are the core's wire contract, [`triage::wire`].
 //! - [`drain`]: the defer topic consumed back as a Sheddable source.
 //! - [`metrics`]: every metric this crate records (names under `triage_kafka_`).
 //!

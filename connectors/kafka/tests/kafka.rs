@@ -193,7 +193,7 @@ fn republish(reason: &'static str) -> Republish {
     Republish {
         criticality: Criticality::High,
         attempt: 1,
-        deferrals: 0,
+        deferrals: 1,
         deadline: Some(SystemTime::UNIX_EPOCH + Duration::from_millis(4_000_000_000_000)),
         reason,
         error: None,
@@ -243,6 +243,7 @@ async fn defer_copies_headers_exactly_once() {
         ("b".to_owned(), Some(vec![0xff])),
         ("triage-criticality".to_owned(), s("high")),
         ("triage-attempt".to_owned(), s("1")),
+        ("triage-deferrals".to_owned(), s("1")),
         ("triage-deadline-ms".to_owned(), s("4000000000000")),
         ("triage-reason".to_owned(), s("overloaded")),
         ("triage-origin-topic".to_owned(), s(&topic)),

@@ -5,41 +5,11 @@
 //! never duplicated, so a consumer reading the first `triage-attempt` reads the current one.
 //! The origin headers name where *this* copy was consumed from.
 
-use std::time::UNIX_EPOCH;
-
 use rdkafka::message::{Header, OwnedHeaders};
 use triage::runtime::Republish;
+use triage::wire;
 
 use crate::KafkaMessage;
-
-/// Criticality as classified at the source, before retry demotion (`critical`, `high`, ...).
-pub const CRITICALITY: &str = "triage-criticality";
-/// Retries so far, decimal.
-pub const ATTEMPT: &str = "triage-attempt";
-/// Absolute deadline, decimal Unix milliseconds (absent without a deadline).
-pub const DEADLINE_MS: &str = "triage-deadline-ms";
-/// Why it was re-published (`overloaded`, `full`, `evicted`, `shutdown`, `failed`, ...).
-pub const REASON: &str = "triage-reason";
-/// Topic the copy was consumed from.
-pub const ORIGIN_TOPIC: &str = "triage-origin-topic";
-/// Partition the copy was consumed from, decimal.
-pub const ORIGIN_PARTITION: &str = "triage-origin-partition";
-/// Offset the copy was consumed from, decimal.
-pub const ORIGIN_OFFSET: &str = "triage-origin-offset";
-/// For a dead letter, the last error's text.
-pub const ERROR: &str = "triage-error";
-
-/// Every header triage writes; originals with these names are replaced.
-pub const ALL: [&str; 8] = [
-    CRITICALITY,
-    ATTEMPT,
-    DEADLINE_MS,
-    REASON,
-    ORIGIN_TOPIC,
-    ORIGIN_PARTITION,
-    ORIGIN_OFFSET,
-    ERROR,
-];
 
 /// The header list of the copy of `msg`, as `(name, value)` pairs in order.
 pub(crate) fn republish_headers(
@@ -49,25 +19,22 @@ pub(crate) fn republish_headers(
     let mut out: Vec<(String, Option<Vec<u8>>)> = msg
         .headers
         .iter()
-        .filter(|(name, _)| !ALL.contains(&name.as_str()))
+        .filter(|(name, _)| !wire::is_triage_header(name))
         .cloned()
         .collect();
     let mut add = |name: &str, value: String| out.push((name.to_owned(), Some(value.into_bytes())));
-    add(CRITICALITY, info.criticality.as_str().to_owned());
-    add(ATTEMPT, info.attempt.to_string());
-    if let Some(ms) = info
-        .deadline
-        .and_then(|d| d.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_millis())
-    {
-        add(DEADLINE_MS, ms.to_string());
+    add(wire::CRITICALITY, info.criticality.as_str().to_owned());
+    add(wire::ATTEMPT, info.attempt.to_string());
+    add(wire::DEFERRALS, info.deferrals.to_string());
+    if let Some(deadline) = info.deadline {
+        add(wire::DEADLINE_MS, wire::format_deadline_ms(deadline));
     }
-    add(REASON, info.reason.to_owned());
-    add(ORIGIN_TOPIC, msg.topic.clone());
-    add(ORIGIN_PARTITION, msg.partition.to_string());
-    add(ORIGIN_OFFSET, msg.offset.to_string());
+    add(wire::REASON, info.reason.to_owned());
+    add(wire::ORIGIN_TOPIC, msg.topic.clone());
+    add(wire::ORIGIN_PARTITION, msg.partition.to_string());
+    add(wire::ORIGIN_OFFSET, msg.offset.to_string());
     if let Some(err) = &info.error {
-        add(ERROR, err.clone());
+        add(wire::ERROR, wire::bound_error(err).to_owned());
     }
     out
 }
@@ -89,8 +56,24 @@ mod tests {
     use std::time::{Duration, SystemTime};
 
     use triage::Criticality;
+    use wire::*;
 
     use super::*;
+
+    fn info(deferrals: u32, error: Option<String>) -> Republish {
+        Republish {
+            criticality: Criticality::High,
+            attempt: 1,
+            deferrals,
+            deadline: Some(SystemTime::UNIX_EPOCH + Duration::from_millis(5000)),
+            reason: if error.is_some() {
+                "failed"
+            } else {
+                "overloaded"
+            },
+            error,
+        }
+    }
 
     #[test]
     fn originals_once_triage_replaced() {
@@ -105,18 +88,11 @@ mod tests {
                 ("triage-attempt".into(), Some(b"0".to_vec())),
                 ("a".into(), None),
                 ("triage-reason".into(), Some(b"full".to_vec())),
+                ("triage-deferrals".into(), Some(b"1".to_vec())),
             ],
             timestamp_ms: None,
         };
-        let info = Republish {
-            criticality: Criticality::High,
-            attempt: 1,
-            deferrals: 0,
-            deadline: Some(SystemTime::UNIX_EPOCH + Duration::from_millis(5000)),
-            reason: "overloaded",
-            error: None,
-        };
-        let h = republish_headers(&msg, &info);
+        let h = republish_headers(&msg, &info(2, None));
         let names: Vec<&str> = h.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
             names,
@@ -125,6 +101,7 @@ mod tests {
                 "a",
                 CRITICALITY,
                 ATTEMPT,
+                DEFERRALS,
                 DEADLINE_MS,
                 REASON,
                 ORIGIN_TOPIC,
@@ -134,7 +111,30 @@ mod tests {
         );
         assert_eq!(h[1].1, None);
         assert_eq!(h[3].1.as_deref(), Some(&b"1"[..]));
-        assert_eq!(h[4].1.as_deref(), Some(&b"5000"[..]));
-        assert_eq!(h[8].1.as_deref(), Some(&b"41"[..]));
+        assert_eq!(
+            h[4].1.as_deref(),
+            Some(&b"2"[..]),
+            "the copy's deferral count"
+        );
+        assert_eq!(h[5].1.as_deref(), Some(&b"5000"[..]));
+        assert_eq!(h[9].1.as_deref(), Some(&b"41"[..]));
+    }
+
+    #[test]
+    fn error_header_is_bounded() {
+        let msg = KafkaMessage {
+            topic: "orders".into(),
+            partition: 0,
+            offset: 0,
+            key: None,
+            payload: None,
+            headers: vec![],
+            timestamp_ms: None,
+        };
+        let h = republish_headers(&msg, &info(0, Some("é".repeat(10_000))));
+        let (name, value) = h.last().unwrap();
+        assert_eq!(name, ERROR);
+        let value = std::str::from_utf8(value.as_deref().unwrap()).unwrap();
+        assert_eq!(value, "é".repeat(MAX_ERROR_BYTES / 2));
     }
 }

@@ -7,7 +7,7 @@
 //! backpressure.
 
 mod config;
-pub mod headers;
+mod headers;
 
 use std::fmt;
 use std::time::Duration;
@@ -30,8 +30,10 @@ const OVERHEAD_BYTES: usize = 1024;
 /// (build one instance per topic).
 ///
 /// The copy carries the original key and payload, the original headers exactly once each
-/// (triage's own replaced, see [`headers`]), and triage's headers: criticality, attempt,
-/// deadline, reason, origin topic/partition/offset, and for dead letters the error.
+/// (an original header named like one of triage's is replaced, not repeated), and triage's
+/// headers as the core's wire contract ([`triage::wire`]) names them: criticality, attempt,
+/// deferrals, deadline, reason, origin topic/partition/offset, and for dead letters the error,
+/// cut to [`triage::wire::MAX_ERROR_BYTES`].
 ///
 /// # Examples
 ///

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use triage::quanta::{Clock, Instant};
-use triage::{Criticality, PerTier};
+use triage::{wire, Criticality, PerTier};
 
 use super::config::KafkaSourceConfig;
 
@@ -176,7 +176,7 @@ impl Classifier {
                 None => (self.default_tier, Some(UnclassifiedReason::Missing)),
             },
             (Some(_), Some(_)) => (fallback, Some(UnclassifiedReason::Duplicate)),
-            (Some((_, value)), None) => match value.as_deref().map(Criticality::from_bytes) {
+            (Some((_, value)), None) => match value.as_deref().map(wire::parse_criticality) {
                 Some(Ok(c)) => (c, None),
                 _ => (fallback, Some(UnclassifiedReason::Malformed)),
             },
@@ -211,13 +211,10 @@ impl Classifier {
     }
 }
 
-/// Decimal Unix milliseconds, ASCII digits only (surrounding ASCII whitespace allowed).
+/// A deadline header's value ([`wire::parse_deadline_ms`]) as Unix milliseconds.
 fn parse_unix_ms(bytes: &[u8]) -> Option<i64> {
-    let s = std::str::from_utf8(bytes.trim_ascii()).ok()?;
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
+    let at = wire::parse_deadline_ms(bytes)?;
+    i64::try_from(at.duration_since(UNIX_EPOCH).ok()?.as_millis()).ok()
 }
 
 /// The instant on `clock` matching wall-clock `deadline_ms` (Unix milliseconds): `now +

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use triage::{ConfigError, Criticality, PerTier};
+use triage::{wire, ConfigError, Criticality, PerTier};
 
 /// librdkafka properties the source sets itself; `properties` may not override them.
 const MANAGED_PROPERTIES: [&str; 5] = [
@@ -123,7 +123,7 @@ pub struct CriticalityConfig {
 impl Default for CriticalityConfig {
     fn default() -> Self {
         CriticalityConfig {
-            header: "triage-criticality".into(),
+            header: wire::CRITICALITY.into(),
             trusted_topics: Vec::new(),
             topic_tiers: BTreeMap::new(),
             default_tier: Criticality::Medium,
@@ -148,7 +148,7 @@ pub struct DeadlineConfig {
 impl Default for DeadlineConfig {
     fn default() -> Self {
         DeadlineConfig {
-            header: "triage-deadline-ms".into(),
+            header: wire::DEADLINE_MS.into(),
             window_ms: PerTier::new(None, Some(300_000), Some(900_000), Some(3_600_000)),
         }
     }
