@@ -9,7 +9,7 @@
 //! - [`source`]: [`KafkaSource`], its [`KafkaSourceConfig`], classification and offsets.
 //! - [`sink`]: [`KafkaDeferSink`] and its [`KafkaSinkConfig`]; the `triage-*` headers it writes
 //!   and the source reads are the core's wire contract, [`triage::wire`].
-//! - [`drain`]: the defer topic consumed back as a Sheddable source.
+//! - [`drain`]: the defer topic consumed back as a source; each copy keeps its tier.
 //! - [`metrics`]: every metric this crate records (names under `triage_kafka_`).
 //!
 //! Built on rdkafka (librdkafka compiled from source). The connector never touches the core

@@ -9,7 +9,7 @@
 //! | `triage_kafka_committed_offset` | gauge | `topic`, `partition` | last position committed by this process (next offset to consume) |
 //! | `triage_kafka_commits_total` | counter | `trigger` (`interval`, `revoke`, `shutdown`) | offset commits that succeeded |
 //! | `triage_kafka_commits_failed_total` | counter | `trigger` | offset commits that failed or timed out (retried at the next interval) |
-//! | `triage_kafka_unclassified_total` | counter | `reason` (`missing`, `malformed`, `duplicate`, `unmapped`, `bad_deadline`) | messages whose label could not be used: they got the configured default |
+//! | `triage_kafka_unclassified_total` | counter | `reason` (`missing`, `malformed`, `duplicate`, `unmapped`, `bad_deadline`, `bad_count`) | messages whose label could not be used: they got the configured default |
 //! | `triage_kafka_rebalances_total` | counter | `kind` (`assign`, `revoke`, `error`) | rebalance callbacks |
 //! | `triage_kafka_stale_acks_total` | counter | | dispositions for a partition no longer owned (ignored, never stored) |
 //! | `triage_kafka_pauses_total` | counter | `cause` (`runtime`, `buffer`) | times the assignment was paused |

@@ -232,7 +232,9 @@ async fn defer_copies_headers_exactly_once() {
         .build()
         .unwrap();
     let copy = next(&mut drain).await;
-    assert_eq!(copy.criticality, Criticality::Sheddable);
+    // The tier it was deferred with, its retries and its deferrals come back with it.
+    assert_eq!(copy.criticality, Criticality::High);
+    assert_eq!((copy.attempt, copy.deferrals), (1, 1));
     assert!(copy.deadline.is_some(), "the deadline header is honoured");
     assert_eq!(copy.payload.key.as_deref(), Some(&b"k"[..]));
     assert_eq!(copy.payload.payload.as_deref(), Some(&b"body"[..]));

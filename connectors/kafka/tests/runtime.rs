@@ -76,3 +76,158 @@ async fn panicking_handlers_are_dead_lettered_and_the_position_moves_past_them()
     assert_eq!(origins[1].2, 20 * 1024 * 1024);
     reader.shutdown().await;
 }
+
+/// Issue 10 point 9: a record deferred after two retries keeps its retry budget and its
+/// demotion when its copy is drained. The copy is written by the defer sink exactly as the
+/// runtime writes it (`triage-attempt: 2`, `triage-deferrals: 1`); drained with
+/// `max_retries = 3`, the handler runs twice more (attempts 2 and 3), demoted two and three
+/// levels from Critical, and the dead letter says attempt 3, deferrals 1, criticality critical.
+/// On the code before the fix the handler ran four times, from attempt 0, all Sheddable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_history_survives_a_deferral() {
+    use std::sync::Mutex;
+    use triage::ledger::Disposition;
+    use triage::runtime::Republish;
+    use triage::Criticality;
+
+    let _broker = broker_shared().await;
+    let (topic, defer, dlq) = (
+        rand_name("hist"),
+        rand_name("hist-deferred"),
+        rand_name("hist-dead"),
+    );
+    for t in [&topic, &defer, &dlq] {
+        create_topic(t, 1, &[]).await;
+    }
+    produce_n(&topic, 1).await;
+    let mut source =
+        KafkaSource::builder(KafkaSourceConfig::new(BROKERS, rand_name("g"), [&topic]))
+            .build()
+            .unwrap();
+    let original = next(&mut source).await;
+    let defer_sink = KafkaDeferSink::new(KafkaSinkConfig::new(BROKERS, &defer)).unwrap();
+    let deferred_after_two_retries = Republish {
+        criticality: Criticality::Critical,
+        attempt: 2,
+        deferrals: 1,
+        deadline: None,
+        reason: "overloaded",
+        error: None,
+    };
+    defer_sink
+        .send(&original.payload, &deferred_after_two_retries)
+        .await
+        .unwrap();
+    original.ack.resolve(Disposition::Deferred);
+    source.shutdown().await;
+
+    let dead_letters = Arc::new(KafkaDeferSink::new(KafkaSinkConfig::new(BROKERS, &dlq)).unwrap());
+    let mut config = RuntimeConfig::default();
+    config.retry.max_retries = 3;
+    config.retry.base_backoff_ms = 1;
+    config.retry.max_backoff_ms = 5;
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&runs);
+    let mut runtime = Runtime::builder(config)
+        .dead_letter_sink(dead_letters)
+        .start(move |job: Job<KafkaMessage>| {
+            seen.lock()
+                .unwrap()
+                .push((job.attempt(), job.criticality()));
+            async { Err::<(), _>(HandlerError::retryable("dependency down")) }
+        })
+        .unwrap();
+    let drain_group = rand_name("g");
+    let mut drain_config = KafkaSourceConfig::new(BROKERS, &drain_group, [&defer]);
+    drain_config.commit_interval_ms = 50;
+    runtime.attach_drain(triage_kafka::drain::builder(drain_config).build().unwrap());
+    // Settled (dead-lettered) once the drain's position passes the copy.
+    assert_eq!(committed_at_least(&drain_group, &defer, 1).await, 1);
+    let report = runtime.shutdown(Duration::from_secs(20)).await;
+    assert_eq!(report.stats.ledger.total().failed, 1);
+    assert_eq!(
+        *runs.lock().unwrap(),
+        [(2, Criticality::Medium), (3, Criticality::Sheddable)],
+        "the budget left after two retries, and the demotion they earned"
+    );
+
+    let mut reader =
+        triage_kafka::drain::builder(KafkaSourceConfig::new(BROKERS, rand_name("g"), [&dlq]))
+            .build()
+            .unwrap();
+    let letter = next(&mut reader).await;
+    let h = |n| String::from_utf8(letter.payload.header(n).unwrap().to_vec()).unwrap();
+    assert_eq!(h("triage-attempt"), "3");
+    assert_eq!(h("triage-deferrals"), "1");
+    assert_eq!(h("triage-criticality"), "critical");
+    reader.shutdown().await;
+}
+
+/// Issue 9: a drained copy keeps the tier it was deferred with. A Medium record (no label, the
+/// default tier) deferred once is read back from the defer topic as Medium with one deferral,
+/// and the runtime's drain serves it as Medium (it was Sheddable whatever its tier before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_copy_keeps_its_tier() {
+    use std::sync::Mutex;
+    use triage::ledger::Disposition;
+    use triage::runtime::Republish;
+    use triage::Criticality;
+
+    let _broker = broker_shared().await;
+    let (topic, defer) = (rand_name("keep"), rand_name("keep-deferred"));
+    create_topic(&topic, 1, &[]).await;
+    create_topic(&defer, 1, &[]).await;
+    produce_n(&topic, 1).await;
+    let mut source =
+        KafkaSource::builder(KafkaSourceConfig::new(BROKERS, rand_name("g"), [&topic]))
+            .build()
+            .unwrap();
+    let original = next(&mut source).await;
+    assert_eq!(
+        (original.criticality, original.attempt, original.deferrals),
+        (Criticality::Medium, 0, 0)
+    );
+    // What the runtime hands its defer sink for a first deferral.
+    let info = Republish {
+        criticality: original.criticality,
+        attempt: original.attempt,
+        deferrals: original.deferrals + 1,
+        deadline: None,
+        reason: "overloaded",
+        error: None,
+    };
+    let sink = KafkaDeferSink::new(KafkaSinkConfig::new(BROKERS, &defer)).unwrap();
+    sink.send(&original.payload, &info).await.unwrap();
+    original.ack.resolve(Disposition::Deferred);
+    source.shutdown().await;
+
+    let mut drain =
+        triage_kafka::drain::builder(KafkaSourceConfig::new(BROKERS, rand_name("g"), [&defer]))
+            .build()
+            .unwrap();
+    let copy = next(&mut drain).await;
+    assert_eq!(
+        (copy.criticality, copy.attempt, copy.deferrals),
+        (Criticality::Medium, 0, 1)
+    );
+    assert_eq!(copy.payload.payload.as_deref(), Some(&b"m0"[..]));
+    drop(copy); // released, never settled: this reader's group commits nothing
+    drain.shutdown().await;
+
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&served);
+    let mut runtime = Runtime::builder(RuntimeConfig::default())
+        .start(move |job: Job<KafkaMessage>| {
+            seen.lock().unwrap().push(job.criticality());
+            async { Ok::<(), HandlerError>(()) }
+        })
+        .unwrap();
+    let drain_group = rand_name("g");
+    let mut drain_config = KafkaSourceConfig::new(BROKERS, &drain_group, [&defer]);
+    drain_config.commit_interval_ms = 50;
+    runtime.attach_drain(triage_kafka::drain::builder(drain_config).build().unwrap());
+    assert_eq!(committed_at_least(&drain_group, &defer, 1).await, 1);
+    let report = runtime.shutdown(Duration::from_secs(20)).await;
+    assert_eq!(report.stats.ledger.total().completed, 1);
+    assert_eq!(*served.lock().unwrap(), [Criticality::Medium]);
+}

@@ -12,9 +12,18 @@
 //!   and picking one would silently trust half of it;
 //! - `unmapped`: an untrusted topic with no entry in `topic_tiers`;
 //! - `bad_deadline`: a deadline header that is not decimal Unix milliseconds (the
-//!   timestamp-plus-window deadline is used instead).
+//!   timestamp-plus-window deadline is used instead);
+//! - `bad_count`: a `triage-attempt` or `triage-deferrals` header that is not a decimal count
+//!   (0 is used).
 //!
 //! After a label problem the topic's tier applies if it has one, else the default tier.
+//!
+//! On a trusted topic the retry and deferral history travel with the record: `triage-attempt`
+//! (retries so far, which the runtime demotes by and counts against `max_retries`) and
+//! `triage-deferrals` (deferrals so far, counted against the runtime's maximum) are read into
+//! the envelope, so a copy drained back from the defer topic keeps the budget and demotion it
+//! had when it was deferred. On any other topic they are ignored like the labels: a producer
+//! that may not choose its tier may not spend a record's retry budget either.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -62,16 +71,19 @@ pub enum UnclassifiedReason {
     Unmapped,
     /// A deadline header that is not decimal Unix milliseconds.
     BadDeadline,
+    /// A `triage-attempt` or `triage-deferrals` header that is not a decimal count.
+    BadCount,
 }
 
 impl UnclassifiedReason {
     /// Every reason, in declaration order.
-    pub const ALL: [UnclassifiedReason; 5] = [
+    pub const ALL: [UnclassifiedReason; 6] = [
         UnclassifiedReason::Missing,
         UnclassifiedReason::Malformed,
         UnclassifiedReason::Duplicate,
         UnclassifiedReason::Unmapped,
         UnclassifiedReason::BadDeadline,
+        UnclassifiedReason::BadCount,
     ];
 
     /// Lowercase name, used as the metric label.
@@ -82,6 +94,7 @@ impl UnclassifiedReason {
             UnclassifiedReason::Duplicate => "duplicate",
             UnclassifiedReason::Unmapped => "unmapped",
             UnclassifiedReason::BadDeadline => "bad_deadline",
+            UnclassifiedReason::BadCount => "bad_count",
         }
     }
 
@@ -106,6 +119,12 @@ pub(crate) struct Classified {
     pub(crate) tier_problem: Option<UnclassifiedReason>,
     /// Deadline problem, if any (counted by the caller).
     pub(crate) deadline_problem: Option<UnclassifiedReason>,
+    /// Retries so far (`triage-attempt` on a trusted topic, else 0).
+    pub(crate) attempt: u32,
+    /// Deferrals so far (`triage-deferrals` on a trusted topic, else 0).
+    pub(crate) deferrals: u32,
+    /// A count header that could not be read, if any (counted by the caller).
+    pub(crate) count_problem: Option<UnclassifiedReason>,
 }
 
 /// The configured rules, compiled once.
@@ -147,11 +166,17 @@ impl Classifier {
         let trusted = self.trusted.contains(meta.topic);
         let (criticality, tier_problem) = self.tier(meta, trusted);
         let (deadline_ms, deadline_problem) = self.deadline(meta, trusted, criticality);
+        let (attempt, attempt_problem) = count(meta, trusted, wire::ATTEMPT);
+        let (deferrals, deferrals_problem) = count(meta, trusted, wire::DEFERRALS);
+        let count_problem = attempt_problem.or(deferrals_problem);
         Classified {
             criticality,
             deadline_ms,
             tier_problem,
             deadline_problem,
+            attempt,
+            deferrals,
+            count_problem,
         }
     }
 
@@ -208,6 +233,21 @@ impl Classifier {
             _ => None,
         };
         (implicit, problem)
+    }
+}
+
+/// The count in header `name` of a record on a trusted topic: 0 when absent or untrusted, 0
+/// and a problem when it is not a decimal count (a count cannot be partly trusted).
+fn count(meta: &MessageMeta<'_>, trusted: bool, name: &str) -> (u32, Option<UnclassifiedReason>) {
+    if !trusted {
+        return (0, None);
+    }
+    match meta.headers.iter().find(|(n, _)| n == name) {
+        None => (0, None),
+        Some((_, value)) => match value.as_deref().and_then(wire::parse_count) {
+            Some(n) => (n, None),
+            None => (0, Some(UnclassifiedReason::BadCount)),
+        },
     }
 }
 
@@ -330,6 +370,30 @@ mod tests {
         let r = c.classify(&meta("t", &hs));
         assert_eq!(r.deadline_problem, Some(UnclassifiedReason::BadDeadline));
         assert_eq!(r.deadline_ms, Some(1_000 + 300_000));
+    }
+
+    #[test]
+    fn retry_history_only_from_trusted_topics() {
+        let c = classifier();
+        let hs = [
+            h("triage-criticality", b"high"),
+            h("triage-attempt", b"2"),
+            h("triage-deferrals", b" 1 "),
+        ];
+        let r = c.classify(&meta("t", &hs));
+        assert_eq!((r.attempt, r.deferrals, r.count_problem), (2, 1, None));
+        // Untrusted: an arbitrary producer may not spend the retry budget.
+        let r = c.classify(&meta("u", &hs));
+        assert_eq!((r.attempt, r.deferrals, r.count_problem), (0, 0, None));
+        // Absent: a first delivery.
+        let r = c.classify(&meta("t", &hs[..1]));
+        assert_eq!((r.attempt, r.deferrals, r.count_problem), (0, 0, None));
+        let bad = [h("triage-attempt", b"-1"), h("triage-deferrals", b"3")];
+        let r = c.classify(&meta("t", &bad));
+        assert_eq!(
+            (r.attempt, r.deferrals, r.count_problem),
+            (0, 3, Some(UnclassifiedReason::BadCount))
+        );
     }
 
     #[test]

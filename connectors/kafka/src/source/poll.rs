@@ -222,9 +222,13 @@ impl PollLoop {
             timestamp_ms,
         });
         let stats = &self.offsets.stats;
-        for reason in [classified.tier_problem, classified.deadline_problem]
-            .into_iter()
-            .flatten()
+        for reason in [
+            classified.tier_problem,
+            classified.deadline_problem,
+            classified.count_problem,
+        ]
+        .into_iter()
+        .flatten()
         {
             stats.unclassified[reason.index()].fetch_add(1, Ordering::Relaxed);
             metrics::unclassified(reason);
@@ -248,6 +252,8 @@ impl PollLoop {
             classified.criticality,
             Ack::new(Arc::clone(&self.acks), token),
         )
+        .with_attempt(classified.attempt)
+        .with_deferrals(classified.deferrals)
         .with_deadline_opt(deadline)
         .with_size_bytes(size);
         Some((generation, envelope))
