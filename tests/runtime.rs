@@ -415,6 +415,10 @@ fn invalid_config_names_the_field_and_range() {
             "-3 is out of range: allowed 1..=100000",
         ),
         (
+            "max_dead_lettering = 0",
+            "0 is out of range: allowed 1..=100000",
+        ),
+        (
             "[retry]\nmax_retries = 1000",
             "retry.max_retries = 1000 is out of range: allowed 0..=100",
         ),
@@ -534,4 +538,207 @@ async fn a_panicking_observer_costs_no_message_and_no_worker() {
     let report = rt.shutdown(Duration::from_secs(5)).await;
     assert_eq!(broker.acks().completed, 10);
     assert!(report.stats.balances(), "{report}");
+}
+
+/// Waits on tokio's clock (paused in these tests: virtual time, not wall-clock) until `done`,
+/// for at most a virtual minute; `false` if it never happened.
+async fn eventually(mut done: impl FnMut() -> bool) -> bool {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .is_ok()
+}
+
+/// Message 0 fails for good; the others succeed.
+fn poison_zero(job: Job<u32>) -> BoxedResult {
+    let poison = *job.payload() == 0;
+    Box::pin(async move {
+        if poison {
+            Err(HandlerError::permanent("malformed"))
+        } else {
+            Ok(())
+        }
+    })
+}
+
+/// Issue 10.1: a dead letter the sink refuses for good (a record over the producer's maximum)
+/// is answered with a reference copy, off the worker: the single worker serves the next
+/// messages at once, and the failed one ends `Failed` with a copy that says why.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_dead_letter_refused_for_good_becomes_a_reference_copy_off_the_worker() {
+    let broker = MemoryBroker::new();
+    for i in 0..4u32 {
+        broker.publish(i, Criticality::Critical, None);
+    }
+    let dead = Arc::new(MemorySink::new());
+    dead.set_rejecting(true);
+    let mut rt = Runtime::builder(config(1, 8))
+        .dead_letter_sink(Arc::clone(&dead))
+        .start(poison_zero)
+        .unwrap();
+    rt.attach(broker.source());
+    assert!(
+        eventually(|| broker.acks().completed == 3).await,
+        "the worker hangs on the refused dead letter: {:?}",
+        broker.acks()
+    );
+    assert!(eventually(|| broker.disposition(0) == Some(Disposition::Failed)).await);
+    assert!(dead.is_empty(), "the full copy was refused");
+    let references = dead.references();
+    assert_eq!(references.len(), 1);
+    let (payload, info) = &references[0];
+    assert_eq!(*payload, 0);
+    assert_eq!(info.reason, "dead_letter_rejected");
+    let error = info.error.as_deref().unwrap();
+    assert!(error.contains("publish rejected"), "{error}");
+    assert!(
+        error.contains("failed: permanent handler error: malformed"),
+        "{error}"
+    );
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    assert_eq!(report.stats.ledger.total().failed, 1);
+    assert_eq!(report.stats.alive, 0);
+}
+
+/// Issue 10.1: when the reference copy is refused for good too (a missing topic), the message
+/// is held unacknowledged and counted, while the other messages keep flowing; shutdown
+/// releases it, never acknowledges it.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_dead_letter_and_its_reference_refused_for_good_hold_the_message_not_the_worker() {
+    let broker = MemoryBroker::new();
+    for i in 0..4u32 {
+        broker.publish(i, Criticality::Critical, None);
+    }
+    let dead = Arc::new(MemorySink::new());
+    dead.set_rejecting(true);
+    dead.set_rejecting_references(true);
+    let mut rt = Runtime::builder(config(1, 8))
+        .dead_letter_sink(Arc::clone(&dead))
+        .start(poison_zero)
+        .unwrap();
+    rt.attach(broker.source());
+    assert!(
+        eventually(|| broker.acks().completed == 3).await,
+        "the worker hangs on the refused dead letter: {:?}",
+        broker.acks()
+    );
+    assert!(eventually(|| rt.stats().dead_letters_held == 1).await);
+    // Tried again after the longest backoff, still refused: held, counted once.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(rt.stats().dead_letters_held, 1);
+    assert_eq!(broker.disposition(0), None, "acknowledged without a copy");
+    assert_eq!(broker.acks().pending, 1);
+    // Later messages still flow.
+    broker.publish(4, Criticality::Critical, None);
+    assert!(eventually(|| broker.acks().completed == 4).await);
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    assert_eq!(report.stats.alive, 0);
+    assert_eq!(report.stats.dead_letters_held, 0);
+    let acks = broker.acks();
+    assert_eq!(
+        (acks.released, acks.failed, acks.completed),
+        (1, 0, 4),
+        "{acks:?}"
+    );
+    assert!(dead.is_empty() && dead.references().is_empty());
+}
+
+/// Issue 10.1: a dead-letter sink that is down is retried with backoff off the worker: the
+/// next message is served meanwhile, and the failed one is acknowledged once the sink
+/// confirms.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_dead_letter_sink_down_is_retried_off_the_worker() {
+    let broker = MemoryBroker::new();
+    for i in 0..4u32 {
+        broker.publish(i, Criticality::Critical, None);
+    }
+    let dead = Arc::new(MemorySink::new());
+    dead.set_failing(true);
+    let mut rt = Runtime::builder(config(1, 8))
+        .dead_letter_sink(Arc::clone(&dead))
+        .start(poison_zero)
+        .unwrap();
+    rt.attach(broker.source());
+    assert!(
+        eventually(|| broker.acks().completed == 3).await,
+        "the worker waits for the dead-letter sink: {:?}",
+        broker.acks()
+    );
+    assert_eq!(broker.disposition(0), None);
+    dead.set_failing(false);
+    assert!(eventually(|| broker.disposition(0) == Some(Disposition::Failed)).await);
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead.items()[0].1.reason, "failed");
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    assert_eq!(report.stats.alive, 0);
+}
+
+/// Issue 10.3: the defer sink refusing one message for good (a record over the producer's
+/// maximum) is not an outage: that message goes to the dead-letter path once, and the
+/// messages refused after it are still deferred, inside what would be the cool-down.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_defer_rejection_dead_letters_that_message_and_keeps_deferring_the_others() {
+    let broker = MemoryBroker::new();
+    let oversized = 10u32;
+    let defer = Arc::new(MemorySink::new().reject_if(move |id: &u32| *id == oversized));
+    let dead = Arc::new(MemorySink::new());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut c = overload_config(RefusalPolicy::Defer);
+    // An hour: a sink marked unhealthy would stay so for the whole test.
+    c.defer_cooldown_ms = 3_600_000;
+    let mut rt = Runtime::builder(c)
+        .defer_sink(Arc::clone(&defer))
+        .dead_letter_sink(Arc::clone(&dead))
+        .start(gated(Arc::clone(&gate)))
+        .unwrap();
+    rt.attach(broker.source());
+    // One in the handler, four queued: the queue is full.
+    broker.publish(0, Criticality::Sheddable, None);
+    assert!(eventually(|| rt.stats().running == 1).await);
+    for i in 1..5u32 {
+        broker.publish(i, Criticality::Sheddable, None);
+    }
+    assert!(
+        eventually(|| rt.stats().queued == 4).await,
+        "{}",
+        rt.stats()
+    );
+    broker.publish(oversized, Criticality::Sheddable, None);
+    assert!(
+        eventually(|| broker.disposition(5) == Some(Disposition::Failed)).await,
+        "the rejected deferral was not dead-lettered: {:?}",
+        broker.acks()
+    );
+    for i in 11..30u32 {
+        broker.publish(i, Criticality::Sheddable, None);
+    }
+    assert!(
+        eventually(|| broker.acks().deferred == 19).await,
+        "one rejected message switched the Defer tiers to backpressure: {:?}",
+        broker.acks()
+    );
+    let dead_letters = dead.items();
+    assert_eq!(dead_letters.len(), 1, "dead-lettered once");
+    let (payload, info) = &dead_letters[0];
+    assert_eq!((*payload, info.reason), (oversized, "defer_rejected"));
+    assert!(info.error.as_deref().unwrap().contains("publish rejected"));
+    assert_eq!(defer.len(), 19);
+    assert!(defer.items().iter().all(|(id, _)| *id != oversized));
+    gate.add_permits(1_000);
+    assert!(eventually(|| broker.acks().completed == 5).await);
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    assert_eq!(report.stats.alive, 0);
+    let acks = broker.acks();
+    assert_eq!(
+        (acks.completed, acks.deferred, acks.failed),
+        (5, 19, 1),
+        "{acks:?}"
+    );
 }

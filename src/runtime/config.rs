@@ -19,7 +19,9 @@ pub enum RefusalPolicy {
     Backpressure,
     /// Re-publish it to the durable defer sink and acknowledge it once the broker confirmed
     /// the copy. Without a defer sink configured, behaves as `Drop`; while the defer sink
-    /// fails, behaves as `Backpressure`.
+    /// fails in transport, behaves as `Backpressure` (for `defer_cooldown_ms`). A message the
+    /// sink refuses for good (`SinkError::Rejected`: too large, unroutable) goes to the
+    /// dead-letter path once, reason `defer_rejected`, and the tier keeps deferring the others.
     Defer,
     /// Acknowledge it and count it as shed.
     Drop,
@@ -59,6 +61,12 @@ impl RetryConfig {
             .saturating_mul(1u64 << retry.min(32))
             .min(self.max_backoff_ms);
         Duration::from_millis(fastrand::u64(0..=exp))
+    }
+
+    /// The longest backoff, `max_backoff_ms`, without jitter: how long a message whose
+    /// dead letter was refused for good waits before it is tried again.
+    pub fn max_backoff(&self) -> Duration {
+        Duration::from_millis(self.max_backoff_ms)
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -143,8 +151,19 @@ pub struct RuntimeConfig {
     /// Defer tier are held (backpressure). Allowed `1..=100_000`. Default `256`.
     #[serde(deserialize_with = "crate::config_de::count::<_, 100_000>")]
     pub max_deferring: NonZeroUsize,
-    /// While the defer sink is failing, how long Defer tiers behave as Backpressure before the
-    /// sink is tried again, in milliseconds. Allowed `1..=3_600_000`. Default `1000`.
+    /// Dead letters being published at once, off the workers (each a task: publishing,
+    /// retrying a transient error with the retry backoff, or held unacknowledged after the
+    /// sink refused it and its reference copy for good; see
+    /// [`DeadLetterSink`](crate::runtime::DeadLetterSink) for the policy). A worker whose
+    /// message fails for good hands it over and serves the next one at once; only when this
+    /// many are already in the dead-letter path does it wait for one to finish (backpressure).
+    /// Allowed `1..=100_000`. Default `64`.
+    #[serde(deserialize_with = "crate::config_de::count::<_, 100_000>")]
+    pub max_dead_lettering: NonZeroUsize,
+    /// While the defer sink is failing in transport (`Unavailable`, `NotConfirmed`), how long
+    /// Defer tiers behave as Backpressure before the sink is tried again, in milliseconds. A
+    /// permanent rejection of one message (`SinkError::Rejected`) does not count: that message
+    /// alone goes to the dead-letter path. Allowed `1..=3_600_000`. Default `1000`.
     pub defer_cooldown_ms: u64,
     /// Messages an intake holds under backpressure while it keeps pulling, per source, so a
     /// refused message does not block the more critical ones behind it in the same partition
@@ -175,6 +194,7 @@ impl Default for RuntimeConfig {
             ),
             retry: RetryConfig::default(),
             max_deferring: NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN),
+            max_dead_lettering: NonZeroUsize::new(64).unwrap_or(NonZeroUsize::MIN),
             defer_cooldown_ms: 1000,
             max_held: NonZeroUsize::new(4096).unwrap_or(NonZeroUsize::MIN),
             poll_interval_ms: 5,
@@ -243,6 +263,13 @@ impl RuntimeConfig {
             return Err(ConfigError::new(
                 "max_deferring",
                 self.max_deferring,
+                "1..=100000",
+            ));
+        }
+        if self.max_dead_lettering.get() > 100_000 {
+            return Err(ConfigError::new(
+                "max_dead_lettering",
+                self.max_dead_lettering,
                 "1..=100000",
             ));
         }

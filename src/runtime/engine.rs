@@ -31,6 +31,38 @@ pub(crate) type Handler<T> =
 /// Refusals between two samples of the reject path's cost.
 const REJECT_SAMPLE_EVERY: u64 = 1024;
 
+/// The `triage-reason` of a dead letter whose deferral the defer sink refused for good.
+const DEFER_REJECTED: &str = "defer_rejected";
+
+/// The `triage-reason` of a reference copy published in place of a refused dead letter.
+const DEAD_LETTER_REJECTED: &str = "dead_letter_rejected";
+
+/// At most one log line per this long about dead letters held after a permanent refusal.
+const DEAD_LETTER_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Counts a message in `triage_dead_letters_held` for as long as it lives, however its task
+/// ends (settled, released at shutdown, or aborted).
+struct HeldDeadLetter<'a>(&'a AtomicI64);
+
+impl<'a> HeldDeadLetter<'a> {
+    fn new(gauge: &'a AtomicI64) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        HeldDeadLetter(gauge)
+    }
+}
+
+impl Drop for HeldDeadLetter<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn bound(mut text: String) -> String {
+    let len = crate::wire::bound_error(&text).len();
+    text.truncate(len);
+    text
+}
+
 pub(crate) struct Inner<T> {
     pub(crate) queue: WfqQueue<Item<T>>,
     pub(crate) limit: ConcurrencyLimit,
@@ -53,6 +85,13 @@ pub(crate) struct Inner<T> {
     pub(crate) refusals: AtomicU64,
     /// Sources still being pulled (not finished, not stopped).
     pub(crate) pulling: std::sync::atomic::AtomicUsize,
+    /// Room for messages in the dead-letter path (`max_dead_lettering`).
+    pub(crate) dead_lettering: Arc<tokio::sync::Semaphore>,
+    /// Messages held unacknowledged after their dead letter was refused for good.
+    pub(crate) dead_letters_held: AtomicI64,
+    /// When the last line about held dead letters was logged (ns since `origin`; `u64::MAX`
+    /// for never).
+    pub(crate) dead_letter_logged_at: AtomicU64,
 }
 
 /// What became of an offered item.
@@ -254,8 +293,11 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
     }
 
-    /// Publishes to the defer sink; on failure the message falls back to backpressure: it is
-    /// retried into the queue (or the sink, once it recovers) and never acknowledged before.
+    /// Publishes to the defer sink; on a transport failure the message falls back to
+    /// backpressure (retried into the queue, or the sink once it recovers, and never
+    /// acknowledged before) and Defer tiers behave as Backpressure for the cool-down. A
+    /// permanent rejection concerns this message only: it goes to the dead-letter path once
+    /// (reason `defer_rejected`), and the sink stays in use for the others.
     async fn defer_until_done(self: Arc<Self>, item: Item<T>, reason: DeferReason) {
         let Some(sink) = self.defer.clone() else {
             return self.hold_until_queued(item).await;
@@ -268,6 +310,10 @@ impl<T: Send + Sync + 'static> Inner<T> {
                     .deferred
                     .increment(1);
                 self.settle(item, Disposition::Deferred);
+            }
+            Err(e) if e.is_permanent() => {
+                self.accounts.metrics.defer_rejected.increment(1);
+                self.dead_letter(item, DEFER_REJECTED, e.to_string()).await;
             }
             Err(_) => {
                 self.accounts.metrics.defer_failures.increment(1);
@@ -442,30 +488,126 @@ impl<T: Send + Sync + 'static> Inner<T> {
         self.dead_letter(item, reason, error).await;
     }
 
-    /// Dead-letters and only then records `Failed`; until the sink confirms, the message stays
-    /// unacknowledged (retried with backoff, released on shutdown).
+    /// Records `Failed` at once without a dead-letter sink; with one, hands the message to a
+    /// dead-lettering task, so the caller (a worker) is free at once. Waits only while
+    /// `max_dead_lettering` messages are already in the dead-letter path; released
+    /// unacknowledged if shutdown begins meanwhile.
     async fn dead_letter(self: &Arc<Self>, item: Item<T>, reason: &'static str, error: String) {
-        if let Some(sink) = self.dead_letter.clone() {
-            let info = self.republish_info(&item, reason, Some(error));
-            let mut attempt = 0u32;
-            loop {
-                match sink.publish(item.payload(), &info).await {
-                    Ok(()) => break,
-                    Err(_) => {
-                        attempt = attempt.saturating_add(1);
-                        let backoff = self.config.retry.backoff(attempt.min(16));
-                        tokio::select! {
-                            _ = self.stop.cancelled() => return drop(item),
-                            _ = tokio::time::sleep(backoff) => {}
-                        }
-                    }
-                }
-            }
-        }
+        let Some(sink) = self.dead_letter.clone() else {
+            return self.fail(item);
+        };
+        let permit = tokio::select! {
+            biased;
+            permit = Arc::clone(&self.dead_lettering).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                // Never closed; were it, the message would be released, never lost.
+                Err(_) => return drop(item),
+            },
+            _ = self.stop.cancelled() => return drop(item),
+        };
+        let this = Arc::clone(self);
+        self.tasks.spawn(async move {
+            this.dead_letter_until_done(sink, item, reason, error).await;
+            drop(permit);
+        });
+    }
+
+    fn fail(&self, item: Item<T>) {
         self.accounts.metrics.tiers[item.original]
             .failed
             .increment(1);
         self.settle(item, Disposition::Failed);
+    }
+
+    /// Publishes the dead letter and only then records `Failed` (the policy is on
+    /// [`DeadLetterSink`]): transient errors are retried with the retry backoff; a permanent
+    /// one is answered with a reference copy; if that is refused for good too, the message is
+    /// held unacknowledged, counted and logged, and tried again after the longest backoff.
+    /// Released unacknowledged when shutdown begins while it waits.
+    async fn dead_letter_until_done(
+        self: Arc<Self>,
+        sink: Arc<dyn DeadLetterSink<T>>,
+        item: Item<T>,
+        reason: &'static str,
+        error: String,
+    ) {
+        let metrics = &self.accounts.metrics;
+        let info = self.republish_info(&item, reason, Some(error));
+        let mut held: Option<HeldDeadLetter<'_>> = None;
+        let mut attempt = 0u32;
+        loop {
+            let wait = match sink.publish(item.payload(), &info).await {
+                Ok(()) => break,
+                Err(e) if e.is_permanent() => {
+                    let text = format!("dead letter refused for good: {e}; {reason}: {}", {
+                        info.error.as_deref().unwrap_or_default()
+                    });
+                    let reference =
+                        self.republish_info(&item, DEAD_LETTER_REJECTED, Some(bound(text)));
+                    match sink.publish_reference(item.payload(), &reference).await {
+                        Ok(()) => {
+                            metrics.dead_letter_references.increment(1);
+                            break;
+                        }
+                        Err(r) if r.is_permanent() => {
+                            if held.is_none() {
+                                metrics.dead_letter_rejected.increment(1);
+                                held = Some(HeldDeadLetter::new(&self.dead_letters_held));
+                            }
+                            self.log_dead_letter_held(&e, &r);
+                            // Refused for good, as far as anyone can tell: a topic created or a
+                            // limit raised later lets it through, so it is tried again, rarely.
+                            self.config.retry.max_backoff()
+                        }
+                        Err(_) => {
+                            metrics.dead_letter_retries.increment(1);
+                            attempt = attempt.saturating_add(1);
+                            self.config.retry.backoff(attempt)
+                        }
+                    }
+                }
+                Err(_) => {
+                    metrics.dead_letter_retries.increment(1);
+                    attempt = attempt.saturating_add(1);
+                    self.config.retry.backoff(attempt)
+                }
+            };
+            tokio::select! {
+                // Released unacknowledged: redelivered after a restart, never lost.
+                _ = self.stop.cancelled() => return drop(item),
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+        drop(held);
+        self.fail(item);
+    }
+
+    /// One warning per [`DEAD_LETTER_LOG_EVERY`] at most: a sink that refuses every message
+    /// must not flood the log.
+    fn log_dead_letter_held(
+        &self,
+        full: &crate::runtime::SinkError,
+        reference: &crate::runtime::SinkError,
+    ) {
+        let now = self.now_ns();
+        let last = self.dead_letter_logged_at.load(Ordering::Relaxed);
+        let every = DEAD_LETTER_LOG_EVERY.as_nanos() as u64;
+        if last != u64::MAX && now < last.saturating_add(every) {
+            return;
+        }
+        if self
+            .dead_letter_logged_at
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            tracing::warn!(
+                held = self.dead_letters_held.load(Ordering::Relaxed),
+                "dead letter refused for good ({full}) and its reference copy too ({reference}): \
+                 the message is held unacknowledged, its source position kept, and tried again \
+                 every {:?}",
+                self.config.retry.max_backoff()
+            );
+        }
     }
 
     /// Gauges and the admission clock, on a timer: nothing here runs per message.
@@ -488,6 +630,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
             m.in_flight.set(self.limit.in_flight() as f64);
             m.limit.set(self.limit.limit() as f64);
             m.held.set(self.held.load(Ordering::Relaxed) as f64);
+            m.dead_letters_held
+                .set(self.dead_letters_held.load(Ordering::Relaxed) as f64);
         }
     }
 

@@ -267,17 +267,31 @@ impl<T: Send + 'static> Source for MemorySource<T> {
     }
 }
 
+/// Which payloads a [`MemorySink`] refuses for good.
+type RejectIf<T> = Box<dyn Fn(&T) -> bool + Send + Sync>;
+
 /// A defer and dead-letter sink that keeps what it is given, for the embedded default and
-/// tests. [`set_failing`](MemorySink::set_failing) makes it refuse, to exercise the fallback.
+/// tests. It can be made to fail the way a broker does, to exercise the runtime's policies:
+/// [`set_failing`](MemorySink::set_failing) fails every publish in transport
+/// ([`SinkError::Unavailable`]), [`set_rejecting`](MemorySink::set_rejecting) and
+/// [`reject_if`](MemorySink::reject_if) refuse full copies for good ([`SinkError::Rejected`],
+/// like a record over the producer's maximum), and
+/// [`set_rejecting_references`](MemorySink::set_rejecting_references) refuses reference
+/// copies too (like a missing topic).
 pub struct MemorySink<T> {
     items: Mutex<Vec<(T, Republish)>>,
+    references: Mutex<Vec<(T, Republish)>>,
     failing: AtomicBool,
+    rejecting: AtomicBool,
+    rejecting_references: AtomicBool,
+    reject_if: Option<RejectIf<T>>,
 }
 
 impl<T> std::fmt::Debug for MemorySink<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemorySink")
             .field("len", &self.items.lock().len())
+            .field("references", &self.references.lock().len())
             .finish_non_exhaustive()
     }
 }
@@ -286,7 +300,11 @@ impl<T> Default for MemorySink<T> {
     fn default() -> Self {
         MemorySink {
             items: Mutex::new(Vec::new()),
+            references: Mutex::new(Vec::new()),
             failing: AtomicBool::new(false),
+            rejecting: AtomicBool::new(false),
+            rejecting_references: AtomicBool::new(false),
+            reject_if: None,
         }
     }
 }
@@ -297,9 +315,30 @@ impl<T: Clone> MemorySink<T> {
         MemorySink::default()
     }
 
-    /// Makes every publish fail (`true`) or succeed (`false`).
+    /// Refuses for good ([`SinkError::Rejected`]) the full copy of every payload for which
+    /// `reject` is true, as a broker refuses a record too large for it.
+    #[must_use]
+    pub fn reject_if(mut self, reject: impl Fn(&T) -> bool + Send + Sync + 'static) -> Self {
+        self.reject_if = Some(Box::new(reject));
+        self
+    }
+
+    /// Makes every publish fail in transport (`true`, [`SinkError::Unavailable`]) or succeed
+    /// (`false`).
     pub fn set_failing(&self, failing: bool) {
         self.failing.store(failing, Ordering::Relaxed);
+    }
+
+    /// Makes every full copy be refused for good (`true`, [`SinkError::Rejected`]) or not.
+    pub fn set_rejecting(&self, rejecting: bool) {
+        self.rejecting.store(rejecting, Ordering::Relaxed);
+    }
+
+    /// Makes every reference copy ([`DeadLetterSink::publish_reference`]) be refused for
+    /// good (`true`) or accepted (`false`, the default).
+    pub fn set_rejecting_references(&self, rejecting: bool) {
+        self.rejecting_references
+            .store(rejecting, Ordering::Relaxed);
     }
 
     /// Everything published so far, with its triage headers.
@@ -307,7 +346,14 @@ impl<T: Clone> MemorySink<T> {
         self.items.lock().clone()
     }
 
-    /// Number of messages published.
+    /// The reference copies published so far, with their triage headers. A broker's sink
+    /// writes the original's coordinates and no payload; this one keeps the payload, which
+    /// stands for the coordinates.
+    pub fn references(&self) -> Vec<(T, Republish)> {
+        self.references.lock().clone()
+    }
+
+    /// Number of messages published (reference copies not included).
     pub fn len(&self) -> usize {
         self.items.lock().len()
     }
@@ -321,7 +367,25 @@ impl<T: Clone> MemorySink<T> {
         if self.failing.load(Ordering::Relaxed) {
             return Err(SinkError::Unavailable("memory sink set to fail".into()));
         }
+        if self.rejecting.load(Ordering::Relaxed)
+            || self.reject_if.as_ref().is_some_and(|r| r(payload))
+        {
+            return Err(SinkError::Rejected("memory sink set to reject".into()));
+        }
         self.items.lock().push((payload.clone(), info.clone()));
+        Ok(())
+    }
+
+    fn accept_reference(&self, payload: &T, info: &Republish) -> Result<(), SinkError> {
+        if self.failing.load(Ordering::Relaxed) {
+            return Err(SinkError::Unavailable("memory sink set to fail".into()));
+        }
+        if self.rejecting_references.load(Ordering::Relaxed) {
+            return Err(SinkError::Rejected(
+                "memory sink set to reject references".into(),
+            ));
+        }
+        self.references.lock().push((payload.clone(), info.clone()));
         Ok(())
     }
 }
@@ -343,5 +407,13 @@ impl<T: Clone + Send + Sync + 'static> DeadLetterSink<T> for MemorySink<T> {
         info: &'a Republish,
     ) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move { self.accept(payload, info) })
+    }
+
+    fn publish_reference<'a>(
+        &'a self,
+        payload: &'a T,
+        info: &'a Republish,
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move { self.accept_reference(payload, info) })
     }
 }

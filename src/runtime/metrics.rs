@@ -13,7 +13,12 @@
 //! | `triage_refused_total` | counter | tier, reason | admission decisions against a message: `overloaded`, `full`, `too_large`, `evicted` |
 //! | `triage_shed_total` | counter | tier, reason | messages ending `Shed` (acknowledged, dropped by policy) |
 //! | `triage_deferred_total` | counter | tier | messages ending `Deferred` (broker confirmed) |
-//! | `triage_defer_failures_total` | counter | | defer publishes that failed (message fell back to backpressure) |
+//! | `triage_defer_failures_total` | counter | | defer publishes that failed in transport (message fell back to backpressure, sink marked unhealthy) |
+//! | `triage_defer_rejected_total` | counter | | deferrals the sink refused for good (message sent to the dead-letter path) |
+//! | `triage_dead_letter_retries_total` | counter | | dead-letter publishes that failed in transport and were retried |
+//! | `triage_dead_letter_references_total` | counter | | reference copies published in place of a dead letter refused for good |
+//! | `triage_dead_letter_rejected_total` | counter | | messages whose dead letter and reference copy were both refused for good (held unacknowledged) |
+//! | `triage_dead_letters_held` | gauge | | messages held unacknowledged because their dead letter was refused for good |
 //! | `triage_expired_total` | counter | tier | messages discarded at dequeue past their deadline |
 //! | `triage_completed_total` | counter | tier | handler successes |
 //! | `triage_goodput_total` | counter | tier | handler successes inside the deadline |
@@ -73,6 +78,11 @@ pub(crate) struct TierMetrics {
 pub(crate) struct Metrics {
     pub(crate) tiers: PerTier<TierMetrics>,
     pub(crate) defer_failures: Counter,
+    pub(crate) defer_rejected: Counter,
+    pub(crate) dead_letter_retries: Counter,
+    pub(crate) dead_letter_references: Counter,
+    pub(crate) dead_letter_rejected: Counter,
+    pub(crate) dead_letters_held: Gauge,
     pub(crate) panics: Counter,
     pub(crate) shed_level: Gauge,
     pub(crate) in_flight: Gauge,
@@ -108,6 +118,11 @@ impl Metrics {
         Metrics {
             tiers,
             defer_failures: counter!("triage_defer_failures_total"),
+            defer_rejected: counter!("triage_defer_rejected_total"),
+            dead_letter_retries: counter!("triage_dead_letter_retries_total"),
+            dead_letter_references: counter!("triage_dead_letter_references_total"),
+            dead_letter_rejected: counter!("triage_dead_letter_rejected_total"),
+            dead_letters_held: gauge!("triage_dead_letters_held"),
             panics: counter!("triage_handler_panics_total"),
             shed_level: gauge!("triage_shed_level"),
             in_flight: gauge!("triage_in_flight"),

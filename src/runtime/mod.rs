@@ -128,9 +128,11 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
         self
     }
 
-    /// Publishes messages that failed for good to `sink` before acknowledging them. Without
-    /// one, such a message is recorded `Failed` and acknowledged as such: the Kafka source
-    /// commits past it, the RabbitMQ source rejects it to the queue's dead-letter exchange.
+    /// Publishes messages that failed for good to `sink` before acknowledging them, off the
+    /// workers (see [`DeadLetterSink`] for what happens when the sink is down or refuses a
+    /// message for good). Without one, such a message is recorded `Failed` and acknowledged
+    /// as such: the Kafka source commits past it, the RabbitMQ source rejects it to the
+    /// queue's dead-letter exchange.
     pub fn dead_letter_sink(mut self, sink: Arc<impl DeadLetterSink<T>>) -> Self {
         self.dead_letter = Some(sink);
         self
@@ -188,6 +190,7 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             refused: Default::default(),
             admitted: Default::default(),
         });
+        let dead_lettering = Arc::new(tokio::sync::Semaphore::new(config.max_dead_lettering.get()));
         let inner = Arc::new(Inner {
             queue,
             limit,
@@ -206,6 +209,9 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             held: AtomicI64::new(0),
             refusals: AtomicU64::new(0),
             pulling: std::sync::atomic::AtomicUsize::new(0),
+            dead_lettering,
+            dead_letters_held: AtomicI64::new(0),
+            dead_letter_logged_at: AtomicU64::new(u64::MAX),
         });
         let mut worker_set = tokio::task::JoinSet::new();
         for _ in 0..workers {
@@ -382,6 +388,7 @@ fn stats_of<T>(inner: &Inner<T>) -> RuntimeStats {
         alive: inner.accounts.alive.load(Ordering::Relaxed).max(0) as u64,
         queued: inner.queue.len() as u64,
         held: inner.held.load(Ordering::Relaxed).max(0) as u64,
+        dead_letters_held: inner.dead_letters_held.load(Ordering::Relaxed).max(0) as u64,
         running: inner.limit.in_flight() as u64,
         limit: inner.limit.limit() as u64,
         refused: per_tier(&inner.accounts.refused),

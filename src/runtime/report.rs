@@ -25,6 +25,10 @@ pub struct RuntimeStats {
     pub queued: u64,
     /// Messages held by backpressure.
     pub held: u64,
+    /// Messages held unacknowledged because the dead-letter sink refused both their dead
+    /// letter and its reference copy for good (see
+    /// [`DeadLetterSink`](crate::runtime::DeadLetterSink)); part of `alive`.
+    pub dead_letters_held: u64,
     /// Handlers running.
     pub running: u64,
     /// Current concurrency limit.

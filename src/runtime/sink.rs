@@ -55,23 +55,60 @@ pub struct Republish {
     pub deferrals: u32,
     /// Deadline as wall-clock time, if the message had one.
     pub deadline: Option<SystemTime>,
-    /// Why it is re-published: a [`DeferReason`] name, or `failed` / `panicked` for a dead
-    /// letter.
+    /// Why it is re-published: a [`DeferReason`] name; for a dead letter `failed` or
+    /// `panicked` (the handler), `defer_rejected` (the defer sink refused this message for
+    /// good); for a reference copy `dead_letter_rejected`.
     pub reason: &'static str,
     /// For a dead letter, the last error's text; `None` for a deferral.
     pub error: Option<String>,
 }
 
 /// A failed publish to a defer or dead-letter destination.
+///
+/// Errors fall in two classes ([`is_permanent`](SinkError::is_permanent)), and the runtime
+/// treats them differently:
+///
+/// - **transient** ([`NotConfirmed`](SinkError::NotConfirmed),
+///   [`Unavailable`](SinkError::Unavailable)): the transport failed; the same publish may
+///   succeed later. A deferral falls back to backpressure and marks the defer sink unhealthy
+///   for `defer_cooldown_ms`; a dead letter is retried with the [`RetryConfig`] backoff, off the
+///   workers.
+/// - **permanent** ([`Rejected`](SinkError::Rejected)): this message can never be published
+///   there (larger than the producer's maximum, a missing topic, an unroutable AMQP publish).
+///   A deferral goes to the dead-letter path once (reason `defer_rejected`), and the defer sink
+///   stays healthy for every other message; a dead letter is replaced by a *reference copy*
+///   ([`DeadLetterSink::publish_reference`]), and if that is refused for good too, the message
+///   is held unacknowledged (its source position kept) and counted in
+///   `triage_dead_letter_rejected_total`.
+///
+/// [`RetryConfig`]: crate::runtime::RetryConfig
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum SinkError {
-    /// The broker refused, returned or did not confirm the message in time.
+    /// The broker refused, returned or did not confirm the message in time. Transient.
     NotConfirmed(String),
-    /// The destination could not be reached.
+    /// The destination could not be reached. Transient.
     Unavailable(String),
-    /// The payload cannot be re-published (too large, not representable).
+    /// This message can never be published there: too large, a missing topic, unroutable.
+    /// Permanent: publishing it again would be refused again.
     Rejected(String),
+}
+
+impl SinkError {
+    /// Whether publishing the same message again would be refused again
+    /// ([`Rejected`](SinkError::Rejected)), as opposed to a transport failure that may pass.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use triage::runtime::SinkError;
+    ///
+    /// assert!(SinkError::Rejected("record too large".into()).is_permanent());
+    /// assert!(!SinkError::Unavailable("connection refused".into()).is_permanent());
+    /// ```
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, SinkError::Rejected(_))
+    }
 }
 
 impl fmt::Display for SinkError {
@@ -90,8 +127,11 @@ impl std::error::Error for SinkError {}
 ///
 /// [`publish`](DeferSink::publish) resolves `Ok` only once the broker has durably accepted the
 /// copy (Kafka `acks=all` delivery report, RabbitMQ publisher confirm); only then is the source
-/// message acknowledged as `Deferred`. On `Err` the runtime falls back to backpressure: the
-/// source message stays unacknowledged.
+/// message acknowledged as `Deferred`. On a transient `Err` the runtime falls back to
+/// backpressure (the source message stays unacknowledged) and treats the sink as down for
+/// `defer_cooldown_ms`; on a permanent one ([`SinkError::is_permanent`]) only that message is
+/// given up on: it goes to the dead-letter path once (reason `defer_rejected`) and the sink
+/// stays in use for the others.
 ///
 /// The future is boxed so the runtime can hold any sink as `Arc<dyn DeferSink<T>>`; one
 /// allocation per publish is nothing next to a broker round trip.
@@ -110,15 +150,61 @@ pub trait DeferSink<T>: Send + Sync + 'static {
 
 /// A destination for messages that failed for good. Same contract as [`DeferSink`]: `Ok` only
 /// after the broker's confirmation, and until then the source message stays unacknowledged.
+///
+/// The runtime publishes dead letters off its workers, at most
+/// [`max_dead_lettering`](crate::runtime::RuntimeConfig::max_dead_lettering) at once, so a
+/// slow or refusing sink never keeps a worker from the next message:
+///
+/// 1. [`publish`](DeadLetterSink::publish) the full copy; a transient error is retried with
+///    the retry backoff for as long as it lasts.
+/// 2. A permanent error ([`SinkError::is_permanent`]) is answered with
+///    [`publish_reference`](DeadLetterSink::publish_reference): a copy without the payload
+///    that says where the original is and why it is not there.
+/// 3. If the reference copy is refused for good too, the message is held unacknowledged (the
+///    Kafka watermark stops before it, the AMQP delivery stays unacked), counted in
+///    `triage_dead_letter_rejected_total` and logged (at most one line per 10 s); it is tried
+///    again after the longest retry backoff, and released unacknowledged at shutdown.
+///
+/// Either way the message is recorded `Failed` only once a copy is confirmed.
 pub trait DeadLetterSink<T>: Send + Sync + 'static {
     /// Publishes `payload` as a dead letter with the triage headers in `info`.
     ///
     /// # Errors
     ///
-    /// [`SinkError`] when the broker did not confirm the copy.
+    /// [`SinkError`] when the broker did not confirm the copy; [`SinkError::Rejected`] when
+    /// it never will (too large, a missing topic, unroutable).
     fn publish<'a>(
         &'a self,
         payload: &'a T,
         info: &'a Republish,
     ) -> BoxFuture<'a, Result<(), SinkError>>;
+
+    /// Publishes a *reference copy* in place of a dead letter that [`publish`] refused for
+    /// good: the original's coordinates in the headers (`triage-origin-*`, as for any copy),
+    /// the payload left empty or cut short so that it fits, `info.reason` set to
+    /// `dead_letter_rejected` and `info.error` saying why the full copy was refused (at most
+    /// [`wire::MAX_ERROR_BYTES`](crate::wire::MAX_ERROR_BYTES)). The original stays where it
+    /// was consumed (a Kafka offset keeps its record until retention removes it).
+    ///
+    /// The default refuses ([`SinkError::Rejected`]): a sink that cannot build a smaller
+    /// copy of its payload type leaves the message held unacknowledged, as step 3 of the
+    /// trait's policy says.
+    ///
+    /// # Errors
+    ///
+    /// As [`publish`].
+    ///
+    /// [`publish`]: DeadLetterSink::publish
+    fn publish_reference<'a>(
+        &'a self,
+        payload: &'a T,
+        info: &'a Republish,
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        let _ = (payload, info);
+        Box::pin(async {
+            Err(SinkError::Rejected(
+                "this dead-letter sink publishes no reference copies".to_owned(),
+            ))
+        })
+    }
 }
