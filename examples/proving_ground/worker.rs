@@ -361,9 +361,10 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
             };
             let observer = Arc::clone(&log);
             let sojourn = Arc::clone(&log);
+            let (defer_sink, dead_sink) = (Arc::new(sink(&deferred)?), Arc::new(sink(&dead)?));
             let mut runtime = Runtime::builder(config)
-                .defer_sink(Arc::new(sink(&deferred)?))
-                .dead_letter_sink(Arc::new(sink(&dead)?))
+                .defer_sink(Arc::clone(&defer_sink))
+                .dead_letter_sink(Arc::clone(&dead_sink))
                 .observe(move |m: &KafkaMessage, tier, d| {
                     observer.record(body_of_kafka(m), tier, d)
                 })
@@ -397,7 +398,10 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
                 c
             };
             runtime.attach(
-                KafkaSource::builder(source_config(args.group.clone(), &args.topic, "")).build()?,
+                KafkaSource::builder(source_config(args.group.clone(), &args.topic, ""))
+                    .republish_to(&defer_sink)
+                    .republish_to(&dead_sink)
+                    .build()?,
             );
             runtime.attach_drain(
                 drain::builder(source_config(
@@ -405,6 +409,7 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
                     &deferred,
                     "-drain",
                 ))
+                .republish_to(&dead_sink)
                 .build()?,
             );
             serve(runtime, &mut terminate, &recorder, &stats_path).await

@@ -78,17 +78,22 @@ async fn main() -> Result<(), Box<dyn Error>> {
         &deferred,
     ))?);
     let work = Duration::from_millis(args.work_ms);
-    let mut runtime = Runtime::builder(config).defer_sink(defer_sink).start(
-        move |job: Job<KafkaMessage>| async move {
+    let mut runtime = Runtime::builder(config)
+        .defer_sink(Arc::clone(&defer_sink))
+        .start(move |job: Job<KafkaMessage>| async move {
             tokio::time::sleep(work).await;
             let _ = job.payload();
             Ok::<(), HandlerError>(())
-        },
-    )?;
+        })?;
 
     let mut source_config = KafkaSourceConfig::new(&args.brokers, &args.group, [&args.topic]);
     source_config.criticality.trusted_topics = vec![args.topic.clone()];
-    runtime.attach(KafkaSource::builder(source_config).build()?);
+    // `republish_to`: refuse to start if a record could be too large to defer.
+    runtime.attach(
+        KafkaSource::builder(source_config)
+            .republish_to(&defer_sink)
+            .build()?,
+    );
     let drain_config =
         KafkaSourceConfig::new(&args.brokers, format!("{}-drain", args.group), [&deferred]);
     runtime.attach_drain(drain::builder(drain_config).build()?);

@@ -259,12 +259,42 @@ async fn defer_copies_headers_exactly_once() {
     assert_eq!(committed(&group, &topic), Some(1));
 }
 
+/// Issue 10 point 2: a source that accepts records its defer or dead-letter producer would
+/// refuse does not start; the error names both limits. (Before, the source accepted 32 MiB
+/// and the producer refused anything over 1,000,000 bytes, found only when a record had to be
+/// re-published.) No broker needed: it fails before connecting.
+#[test]
+fn a_source_whose_records_its_sinks_cannot_carry_does_not_start() {
+    let mut sink_config = KafkaSinkConfig::new(BROKERS, "limits.deferred");
+    sink_config.max_message_bytes = 1_000_000;
+    let small_sink = KafkaDeferSink::new(sink_config).unwrap();
+    let default_sink = KafkaDeferSink::new(KafkaSinkConfig::new(BROKERS, "limits.dead")).unwrap();
+    let source_config = KafkaSourceConfig::new(BROKERS, "g", ["limits"]);
+    let err = KafkaSource::builder(source_config.clone())
+        .republish_to(&default_sink)
+        .republish_to(&small_sink)
+        .build()
+        .unwrap_err();
+    let triage_kafka::Error::Config(err) = err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(err.field(), "max_payload_bytes");
+    let text = err.to_string();
+    assert!(text.contains("max_payload_bytes = 33554432"), "{text}");
+    assert!(text.contains("max_message_bytes = 1000000"), "{text}");
+    assert!(text.contains("\"limits.deferred\""), "{text}");
+    // The defaults agree with each other.
+    source_config
+        .validate_republish(&KafkaSinkConfig::new(BROKERS, "x"))
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_defer_is_rejected() {
     let _broker = broker_shared().await;
     let defer = rand_name("big-deferred");
-    create_topic(&defer, 1, &[]).await;
-    let sink = KafkaDeferSink::new(KafkaSinkConfig::new(BROKERS, &defer)).unwrap();
+    // The broker of the tests allows 30 MiB; this topic 1,000,000 bytes.
+    create_topic(&defer, 1, &[("max.message.bytes", "1000000")]).await;
     let msg = triage_kafka::KafkaMessage {
         topic: "t".into(),
         partition: 0,
@@ -274,6 +304,18 @@ async fn oversized_defer_is_rejected() {
         headers: vec![],
         timestamp_ms: None,
     };
+    // Refused by the producer's own limit, before sending.
+    let mut small = KafkaSinkConfig::new(BROKERS, &defer);
+    small.max_message_bytes = 1_000_000;
+    let sink = KafkaDeferSink::new(small).unwrap();
+    let err = sink.send(&msg, &republish("full")).await.unwrap_err();
+    assert!(
+        matches!(err, triage::runtime::SinkError::Rejected(_)),
+        "{err}"
+    );
+    // Within the producer's limit (the default, 32 MiB + 64 KiB) but over the topic's: the
+    // broker refuses it, and that is a rejection too, not an outage.
+    let sink = KafkaDeferSink::new(KafkaSinkConfig::new(BROKERS, &defer)).unwrap();
     let err = sink.send(&msg, &republish("full")).await.unwrap_err();
     assert!(
         matches!(err, triage::runtime::SinkError::Rejected(_)),

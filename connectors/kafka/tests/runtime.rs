@@ -30,7 +30,7 @@ async fn panicking_handlers_are_dead_lettered_and_the_position_moves_past_them()
     config.retry.base_backoff_ms = 1;
     config.retry.max_backoff_ms = 5;
     let mut runtime = Runtime::builder(config)
-        .dead_letter_sink(dead_letters)
+        .dead_letter_sink(Arc::clone(&dead_letters))
         .start(|job: Job<KafkaMessage>| async move {
             // 11 fails for good after its retries; 13 (20 MB) always panics.
             match job.payload().offset {
@@ -42,7 +42,13 @@ async fn panicking_handlers_are_dead_lettered_and_the_position_moves_past_them()
         .unwrap();
     let mut source_config = KafkaSourceConfig::new(BROKERS, &group, [&topic]);
     source_config.commit_interval_ms = 50;
-    runtime.attach(KafkaSource::builder(source_config).build().unwrap());
+    // Agrees with the dead-letter sink's 25 MiB (checked by `republish_to`).
+    source_config.max_payload_bytes = 21 * 1024 * 1024;
+    let source = KafkaSource::builder(source_config)
+        .republish_to(&dead_letters)
+        .build()
+        .unwrap();
+    runtime.attach(source);
 
     // 11 holds the position until it is dead-lettered; 13 likewise.
     assert_eq!(committed_at_least(&group, &topic, 14).await, 14);

@@ -39,8 +39,15 @@ pub struct KafkaSinkConfig {
     /// before it fails, in milliseconds. Default 10000; allowed `1..=900_000`.
     pub message_timeout_ms: u64,
     /// librdkafka's `message.max.bytes`: the largest record the producer sends (key,
-    /// payload and headers); bigger ones are refused as `SinkError::Rejected`. Keep it at
-    /// most the topic's `max.message.bytes`. Default 1000000; allowed `1000..=1_000_000_000`.
+    /// payload and headers); bigger ones are refused as `SinkError::Rejected`, and so are
+    /// records the destination topic's own `max.message.bytes` refuses. It must cover the
+    /// largest record the source reads plus triage's headers: a
+    /// [`KafkaSource`](crate::KafkaSource) built with
+    /// [`republish_to`](crate::KafkaSourceBuilder::republish_to) this sink refuses to start
+    /// unless `max_message_bytes >= max_payload_bytes +`
+    /// [`HEADROOM_BYTES`](Self::HEADROOM_BYTES). Create the destination topic with a
+    /// `max.message.bytes` at least this large. Default 33619968 (32 MiB + 64 KiB: the source's
+    /// default `max_payload_bytes` plus room); allowed `1000..=1_000_000_000`.
     pub max_message_bytes: usize,
     /// Extra librdkafka producer properties (e.g. `linger.ms`, `compression.type`). Default
     /// empty. `bootstrap.servers`, `acks`, `enable.idempotence`, `message.timeout.ms` and
@@ -54,13 +61,18 @@ impl Default for KafkaSinkConfig {
             bootstrap_servers: "127.0.0.1:9092".into(),
             topic: String::new(),
             message_timeout_ms: 10_000,
-            max_message_bytes: 1_000_000,
+            max_message_bytes: 32 * 1024 * 1024 + 64 * 1024,
             properties: BTreeMap::new(),
         }
     }
 }
 
 impl KafkaSinkConfig {
+    /// Room a copy needs beyond the original record, in bytes: triage's headers (at most
+    /// about 1,600 bytes, the error text bounded by [`triage::wire::MAX_ERROR_BYTES`] and the
+    /// origin topic's name by Kafka's 249 characters) and the record's framing.
+    pub const HEADROOM_BYTES: usize = 4096;
+
     /// A configuration publishing to `topic`, every other field at its default.
     pub fn new(bootstrap_servers: impl Into<String>, topic: impl Into<String>) -> Self {
         KafkaSinkConfig {

@@ -92,6 +92,11 @@ impl KafkaDeferSink {
         &self.topic
     }
 
+    /// The largest record it sends, in bytes ([`KafkaSinkConfig::max_message_bytes`]).
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes
+    }
+
     /// Publishes the copy and waits for its delivery report.
     ///
     /// # Errors

@@ -73,7 +73,13 @@ pub struct KafkaSourceConfig {
     pub queued_max_messages_kbytes: usize,
     /// Largest record the source can receive, in bytes (sets `receive.message.max.bytes`
     /// with room for the protocol overhead). Default 33554432 (32 MiB); allowed
-    /// `1024..=1_000_000_000`.
+    /// `1024..=1_000_000_000`. Every record the source reads may have to be re-published
+    /// (deferred or dead-lettered), so it must agree with the sinks' limit:
+    /// `max_payload_bytes + KafkaSinkConfig::HEADROOM_BYTES <= max_message_bytes` of each
+    /// [`KafkaSinkConfig`](crate::KafkaSinkConfig), checked by
+    /// [`validate_republish`](Self::validate_republish) and at
+    /// [`build`](crate::KafkaSourceBuilder::build) for every sink given to
+    /// [`republish_to`](crate::KafkaSourceBuilder::republish_to).
     pub max_payload_bytes: usize,
     /// Extra librdkafka consumer properties (e.g. `session.timeout.ms`,
     /// `auto.offset.reset`). Default: `auto.offset.reset = earliest` only. The properties the
@@ -266,6 +272,59 @@ impl KafkaSourceConfig {
         Ok(())
     }
 
+    /// Checks that every record this source may read can be re-published through a sink
+    /// configured as `sink` (a defer or dead-letter topic): `max_payload_bytes +`
+    /// [`KafkaSinkConfig::HEADROOM_BYTES`](crate::KafkaSinkConfig::HEADROOM_BYTES) at most
+    /// the sink's `max_message_bytes`. Otherwise a record the source accepts could be refused
+    /// by the producer when it has to be deferred or dead-lettered.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `max_payload_bytes` and the sink's `max_message_bytes`, e.g.
+    /// `max_payload_bytes = 33554432 is out of range: allowed at most 995904 (the sink's
+    /// max_message_bytes = 1000000 for topic "orders.deferred", minus 4096 bytes for triage's
+    /// headers)`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use triage_kafka::{KafkaSinkConfig, KafkaSourceConfig};
+    ///
+    /// let source = KafkaSourceConfig::new("127.0.0.1:9092", "billing", ["orders"]);
+    /// let mut sink = KafkaSinkConfig::new("127.0.0.1:9092", "orders.deferred");
+    /// source.validate_republish(&sink)?; // the defaults agree
+    /// sink.max_message_bytes = 1_000_000;
+    /// let err = source.validate_republish(&sink).unwrap_err();
+    /// assert_eq!(err.field(), "max_payload_bytes");
+    /// assert!(err.to_string().contains("max_message_bytes = 1000000"));
+    /// # Ok::<(), triage::ConfigError>(())
+    /// ```
+    pub fn validate_republish(&self, sink: &crate::KafkaSinkConfig) -> Result<(), ConfigError> {
+        self.fits_republish(&sink.topic, sink.max_message_bytes)
+    }
+
+    /// [`validate_republish`](Self::validate_republish) against a sink's topic and limit.
+    pub(crate) fn fits_republish(
+        &self,
+        sink_topic: &str,
+        sink_max_message_bytes: usize,
+    ) -> Result<(), ConfigError> {
+        let headroom = crate::KafkaSinkConfig::HEADROOM_BYTES;
+        if self.max_payload_bytes.saturating_add(headroom) <= sink_max_message_bytes {
+            return Ok(());
+        }
+        Err(ConfigError::new(
+            "max_payload_bytes",
+            self.max_payload_bytes,
+            format!(
+                "at most {} (the sink's max_message_bytes = {sink_max_message_bytes} for topic \
+                 {sink_topic:?}, minus {headroom} bytes for triage's headers): lower \
+                 max_payload_bytes or raise the sink's max_message_bytes",
+                sink_max_message_bytes.saturating_sub(headroom),
+            ),
+        ))
+    }
+
     /// [`commit_interval_ms`](Self::commit_interval_ms) as a duration.
     pub fn commit_interval(&self) -> Duration {
         Duration::from_millis(self.commit_interval_ms)
@@ -355,6 +414,29 @@ mod tests {
         assert_eq!(
             c.validate().unwrap_err().field(),
             "properties.enable.auto.commit"
+        );
+    }
+
+    #[test]
+    fn republish_limits_must_agree() {
+        let source = KafkaSourceConfig::new("b:1", "g", ["t"]);
+        let mut sink = crate::KafkaSinkConfig::new("b:1", "t.deferred");
+        source.validate_republish(&sink).unwrap();
+        sink.max_message_bytes = 1_000_000;
+        let err = source.validate_republish(&sink).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "max_payload_bytes = 33554432 is out of range: allowed at most 995904 (the sink's \
+             max_message_bytes = 1000000 for topic \"t.deferred\", minus 4096 bytes for \
+             triage's headers): lower max_payload_bytes or raise the sink's max_message_bytes"
+        );
+        let mut small = source.clone();
+        small.max_payload_bytes = 995_904;
+        small.validate_republish(&sink).unwrap();
+        small.max_payload_bytes += 1;
+        assert_eq!(
+            small.validate_republish(&sink).unwrap_err().field(),
+            "max_payload_bytes"
         );
     }
 

@@ -95,6 +95,8 @@ pub struct KafkaSourceBuilder {
     config: KafkaSourceConfig,
     classifier: Option<ClassifyFn>,
     clock: Option<Clock>,
+    /// Topic and `max_message_bytes` of each sink its records may be re-published through.
+    republish: Vec<(String, usize)>,
 }
 
 impl fmt::Debug for KafkaSourceBuilder {
@@ -138,16 +140,43 @@ impl KafkaSourceBuilder {
         self
     }
 
+    /// A sink this source's records may be re-published through (the runtime's defer or
+    /// dead-letter sink): [`build`](Self::build) then refuses to start unless the largest
+    /// record the source reads, plus triage's headers, fits the sink's limit (see
+    /// [`KafkaSourceConfig::validate_republish`]). Call it once per sink.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use triage_kafka::{KafkaDeferSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig};
+    ///
+    /// let defer = KafkaDeferSink::new(KafkaSinkConfig::new("127.0.0.1:9092", "orders.deferred"))?;
+    /// let config = KafkaSourceConfig::new("127.0.0.1:9092", "billing", ["orders"]);
+    /// let source = KafkaSource::builder(config).republish_to(&defer).build()?;
+    /// # let _ = source;
+    /// # Ok::<(), triage_kafka::Error>(())
+    /// ```
+    pub fn republish_to(mut self, sink: &crate::KafkaDeferSink) -> Self {
+        self.republish
+            .push((sink.topic().to_owned(), sink.max_message_bytes()));
+        self
+    }
+
     /// Validates the configuration, creates the consumer, subscribes and starts polling.
     /// Needs no async runtime.
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for a value out of range, [`Error::Client`] if librdkafka refuses
-    /// the properties, [`Error::Subscribe`], [`Error::Spawn`].
+    /// [`Error::Config`] for a value out of range, or a `max_payload_bytes` larger than a
+    /// [`republish_to`](Self::republish_to) sink can send (the error names both fields);
+    /// [`Error::Client`] if librdkafka refuses the properties, [`Error::Subscribe`],
+    /// [`Error::Spawn`].
     pub fn build(self) -> Result<KafkaSource, Error> {
         let config = self.config;
         config.validate()?;
+        for (topic, max_message_bytes) in &self.republish {
+            config.fits_republish(topic, *max_message_bytes)?;
+        }
         let mut client = ClientConfig::new();
         for (k, v) in config.client_properties() {
             client.set(k, v);
@@ -213,6 +242,7 @@ impl KafkaSource {
             config,
             classifier: None,
             clock: None,
+            republish: Vec::new(),
         }
     }
 
