@@ -11,7 +11,8 @@ use triage::admission::QueueAgeConfig;
 use triage::ledger::Disposition;
 use triage::queue::WfqConfig;
 use triage::runtime::{
-    HandlerError, Job, MemoryBroker, MemorySink, RefusalPolicy, RetryConfig, Runtime, RuntimeConfig,
+    DeadLetterSink, DeferSink, HandlerError, Job, MemoryBroker, MemorySink, RefusalPolicy,
+    Republish, RetryConfig, Runtime, RuntimeConfig, SinkError,
 };
 use triage::{Criticality, PerTier};
 
@@ -740,5 +741,137 @@ async fn a_defer_rejection_dead_letters_that_message_and_keeps_deferring_the_oth
         (acks.completed, acks.deferred, acks.failed),
         (5, 19, 1),
         "{acks:?}"
+    );
+}
+
+/// A defer and dead-letter sink whose broker never answers: each publish waits for ever.
+#[derive(Default)]
+struct Hanging {
+    started: AtomicU32,
+}
+
+impl Hanging {
+    fn hang<'a>(&'a self) -> futures_util::future::BoxFuture<'a, Result<(), SinkError>> {
+        self.started.fetch_add(1, Ordering::Relaxed);
+        Box::pin(std::future::pending())
+    }
+
+    fn started(&self) -> u32 {
+        self.started.load(Ordering::Relaxed)
+    }
+}
+
+impl DeferSink<u32> for Hanging {
+    fn publish<'a>(
+        &'a self,
+        _: &'a u32,
+        _: &'a Republish,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), SinkError>> {
+        self.hang()
+    }
+}
+
+impl DeadLetterSink<u32> for Hanging {
+    fn publish<'a>(
+        &'a self,
+        _: &'a u32,
+        _: &'a Republish,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), SinkError>> {
+        self.hang()
+    }
+}
+
+/// Message 0 fails for good, message 1 hangs in the handler, the others succeed.
+fn fail_zero_hang_one(job: Job<u32>) -> BoxedResult {
+    let id = *job.payload();
+    Box::pin(async move {
+        match id {
+            0 => Err(HandlerError::permanent("malformed")),
+            1 => std::future::pending().await,
+            _ => Ok(()),
+        }
+    })
+}
+
+/// One message in each place a runtime keeps one: dead-lettering (0, its sink hanging), in
+/// the handler (1, hanging), queued (2, 3), deferring (4, Medium, its sink hanging) and held
+/// by backpressure (5, High). Returns once all six are inside the runtime.
+async fn everywhere(broker: &MemoryBroker<u32>) -> (Runtime<u32>, Arc<Hanging>, Arc<Hanging>) {
+    let mut c = config(1, 2);
+    c.queue.admission = QueueAgeConfig::disabled();
+    let defer = Arc::new(Hanging::default());
+    let dead = Arc::new(Hanging::default());
+    let mut rt = Runtime::builder(c)
+        .defer_sink(Arc::clone(&defer))
+        .dead_letter_sink(Arc::clone(&dead))
+        .start(fail_zero_hang_one)
+        .unwrap();
+    rt.attach(broker.source());
+    broker.publish(0, Criticality::Critical, None);
+    assert!(eventually(|| dead.started() == 1).await);
+    broker.publish(1, Criticality::Critical, None);
+    assert!(eventually(|| rt.stats().running == 1).await);
+    broker.publish(2, Criticality::Critical, None);
+    broker.publish(3, Criticality::Critical, None);
+    broker.publish(4, Criticality::Medium, None);
+    broker.publish(5, Criticality::High, None);
+    assert!(
+        eventually(|| {
+            let s = rt.stats();
+            (s.alive, s.queued, s.held, defer.started()) == (6, 2, 1, 1)
+        })
+        .await,
+        "{}",
+        rt.stats()
+    );
+    (rt, defer, dead)
+}
+
+/// Issue 10.4: dropping a runtime without `shutdown` stops its intake (nothing more is
+/// consumed) and releases every message inside it, wherever it was, never acknowledging one.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn dropping_a_runtime_stops_intake_and_releases_everything_inside() {
+    let broker = MemoryBroker::new();
+    let (rt, defer, dead) = everywhere(&broker).await;
+    drop(rt);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for i in 6..10u32 {
+        broker.publish(i, Criticality::Critical, None);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(broker.backlog(), 4, "consumed after the drop");
+    let acks = broker.acks();
+    assert_eq!(acks.released, 6, "{acks:?}");
+    assert_eq!(acks.pending, 4, "only the four never consumed: {acks:?}");
+    assert_eq!(acks.published - acks.released - acks.pending, 0, "{acks:?}");
+    assert_eq!(acks.duplicates, 0);
+    // The tasks that held the sinks are gone.
+    assert_eq!(Arc::strong_count(&defer), 1);
+    assert_eq!(Arc::strong_count(&dead), 1);
+}
+
+/// Issue 10.5: when shutdown's grace runs out, deferrals and dead letters still waiting for
+/// their broker are cancelled too: their messages are released, the report balances with
+/// nothing alive, and nothing is acknowledged after the sources' final acknowledgement.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn shutdown_grace_covers_deferrals_and_dead_letters() {
+    let broker = MemoryBroker::new();
+    let (rt, defer, dead) = everywhere(&broker).await;
+    let grace = Duration::from_secs(2);
+    let report = rt.shutdown(grace).await;
+    assert!(report.grace_exceeded);
+    assert!(report.elapsed <= grace, "{:?}", report.elapsed);
+    assert!(report.stats.balances(), "{report}");
+    assert_eq!(report.stats.alive, 0, "{report}");
+    let acks = broker.acks();
+    // Queued Critical and held High are released at once; Medium would be deferred but its
+    // sink hangs; the rest are cancelled when the grace runs out.
+    assert_eq!((acks.released, acks.pending), (6, 0), "{acks:?}");
+    assert_eq!(report.stats.ledger.total().released, 6);
+    assert_eq!(Arc::strong_count(&defer), 1, "a deferral outlived shutdown");
+    assert_eq!(
+        Arc::strong_count(&dead),
+        1,
+        "a dead letter outlived shutdown"
     );
 }

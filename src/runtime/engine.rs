@@ -75,8 +75,11 @@ pub(crate) struct Inner<T> {
     pub(crate) clock: Clock,
     /// Stop taking new work (shutdown began).
     pub(crate) stop: CancellationToken,
-    /// Deferral and retry tasks, so shutdown can wait for them.
+    /// Deferral, dead-letter, hold and retry tasks, so shutdown can wait for them.
     pub(crate) tasks: TaskTracker,
+    /// Ends every task of `tasks` at its next poll, dropping what it holds (which releases
+    /// its message): when shutdown's grace runs out, or the runtime is dropped.
+    pub(crate) kill: CancellationToken,
     pub(crate) deferring: Arc<tokio::sync::Semaphore>,
     /// Clock reading (ns since `origin`) until which Defer tiers behave as Backpressure.
     pub(crate) defer_unhealthy_until: AtomicU64,
@@ -242,7 +245,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             RefusalPolicy::Defer => match Arc::clone(&self.deferring).try_acquire_owned() {
                 Ok(permit) => {
                     let this = Arc::clone(self);
-                    self.tasks.spawn(async move {
+                    self.spawn(async move {
                         this.defer_until_done(item, defer_reason).await;
                         drop(permit);
                     });
@@ -325,10 +328,17 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
     }
 
+    /// Spawns a task that owns messages: tracked (shutdown waits for it) and killable
+    /// (`kill` drops it, releasing its messages unacknowledged, never recording them twice:
+    /// a message is settled inside the task or released by the drop, not both).
+    pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tasks
+            .spawn(self.kill.clone().run_until_cancelled_owned(task));
+    }
+
     pub(crate) fn hold_in_task(self: &Arc<Self>, item: Item<T>) {
         let this = Arc::clone(self);
-        self.tasks
-            .spawn(async move { this.hold_until_queued(item).await });
+        self.spawn(async move { this.hold_until_queued(item).await });
     }
 
     /// Backpressure outside a source: keep offering until taken. On shutdown the item is
@@ -474,7 +484,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 .increment(1);
             let backoff = self.config.retry.backoff(item.attempt);
             let this = Arc::clone(self);
-            self.tasks.spawn(async move {
+            self.spawn(async move {
                 tokio::select! {
                     _ = this.stop.cancelled() => return drop(item),
                     _ = tokio::time::sleep(backoff) => {}
@@ -506,7 +516,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             _ = self.stop.cancelled() => return drop(item),
         };
         let this = Arc::clone(self);
-        self.tasks.spawn(async move {
+        self.spawn(async move {
             this.dead_letter_until_done(sink, item, reason, error).await;
             drop(permit);
         });
@@ -646,7 +656,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 && self.defer_healthy();
             if defer {
                 let this = Arc::clone(self);
-                self.tasks.spawn(async move {
+                self.spawn(async move {
                     this.defer_until_done(item, DeferReason::Shutdown).await;
                 });
             } else {

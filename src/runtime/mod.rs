@@ -60,7 +60,9 @@ use engine::Inner;
 use item::Accounts;
 
 /// A running worker runtime. Build it with [`Runtime::builder`], feed it with
-/// [`attach`](Runtime::attach), stop it with [`shutdown`](Runtime::shutdown).
+/// [`attach`](Runtime::attach), stop it with [`shutdown`](Runtime::shutdown). Dropped without
+/// `shutdown`, it stops everything it started and releases every message inside it
+/// unacknowledged (see its `Drop` implementation).
 ///
 /// # Examples
 ///
@@ -205,6 +207,7 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             clock: self.clock,
             stop: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            kill: CancellationToken::new(),
             defer_unhealthy_until: AtomicU64::new(0),
             held: AtomicI64::new(0),
             refusals: AtomicU64::new(0),
@@ -335,13 +338,17 @@ impl<T: Send + Sync + 'static> Runtime<T> {
     }
 
     /// Stops within `grace`: stops pulling, hands queued work back unacknowledged (or defers
-    /// it, per policy), lets running handlers finish, makes each source's final
-    /// acknowledgement, and returns the final accounting. Returns within `grace` (plus
-    /// scheduling noise) even if a handler hangs: such a handler is cancelled and its message
-    /// released, never acknowledged.
+    /// it, per policy), lets running handlers, deferrals and dead letters finish, makes each
+    /// source's final acknowledgement, and returns the final accounting. Returns within
+    /// `grace` (plus scheduling noise) even if a handler or a sink hangs: when the grace runs
+    /// out, running handlers, deferrals and dead-letter publishes are cancelled and their
+    /// messages released, never acknowledged (a cancelled publish may still reach its broker:
+    /// then the message is both copied and redelivered, at-least-once). Nothing is alive when
+    /// it returns (`report.stats.alive == 0`), and the sources' final acknowledgement comes
+    /// after every disposition.
     ///
     /// A fifth of `grace` (at most 5 s) is kept for the sources' final acknowledgement.
-    pub async fn shutdown(self, grace: Duration) -> Report {
+    pub async fn shutdown(mut self, grace: Duration) -> Report {
         let started = tokio::time::Instant::now();
         // A grace too large to add (`Duration::MAX`, "wait for ever") waits a century.
         let grace = grace.min(Duration::from_secs(100 * 365 * 24 * 3600));
@@ -353,7 +360,7 @@ impl<T: Send + Sync + 'static> Runtime<T> {
         inner.stop.cancel();
         inner.drain_queue();
         inner.tasks.close();
-        let mut workers = self.workers;
+        let mut workers = std::mem::take(&mut self.workers);
         let finished = tokio::time::timeout_at(work_deadline, async {
             while workers.join_next().await.is_some() {}
             inner.tasks.wait().await;
@@ -364,10 +371,14 @@ impl<T: Send + Sync + 'static> Runtime<T> {
             // Cancelled handlers drop their messages, which releases them unacknowledged.
             workers.abort_all();
             while workers.join_next().await.is_some() {}
+            // So do deferrals and dead letters still waiting for their broker: left running,
+            // they would settle after the sources' final acknowledgement.
+            inner.kill.cancel();
+            let _ = tokio::time::timeout_at(deadline, inner.tasks.wait()).await;
         }
         self.sampler.abort();
         self.drained.cancel();
-        for intake in self.intakes {
+        for intake in std::mem::take(&mut self.intakes) {
             let abort = intake.abort_handle();
             if tokio::time::timeout_at(deadline, intake).await.is_err() {
                 abort.abort();
@@ -378,6 +389,28 @@ impl<T: Send + Sync + 'static> Runtime<T> {
             grace_exceeded,
             elapsed: started.elapsed(),
         }
+    }
+}
+
+/// Dropping a runtime without [`shutdown`](Runtime::shutdown) stops everything it started, at
+/// once: intake stops pulling, and every message inside (queued, held, running, deferring,
+/// dead-lettering, waiting to retry) is released unacknowledged, as a dropped [`Ack`] is, so
+/// the broker redelivers it. The sources are dropped without [`Source::shutdown`]: no final
+/// synchronous acknowledgement, so messages settled just before may be redelivered too
+/// (at-least-once). Call `shutdown` for a clean stop.
+impl<T> Drop for Runtime<T> {
+    fn drop(&mut self) {
+        let inner = &self.inner;
+        inner.stop.cancel();
+        inner.kill.cancel();
+        for intake in &self.intakes {
+            intake.abort();
+        }
+        self.sampler.abort();
+        self.workers.abort_all();
+        self.drained.cancel();
+        // Now rather than when the last aborted task lets go of `inner`.
+        drop(inner.queue.close());
     }
 }
 
