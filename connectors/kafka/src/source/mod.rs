@@ -182,6 +182,7 @@ impl KafkaSourceBuilder {
             client.set(k, v);
         }
         let offsets = Arc::new(Offsets::default());
+        offsets.set_commit_wait(config.commit_timeout());
         let factory = ClientFactory::new(client, config.topics.clone(), Arc::clone(&offsets));
         let consumer = Arc::new(factory.create()?);
         let slot: commit::Slot = Arc::new(parking_lot::Mutex::new(Arc::clone(&consumer)));

@@ -14,9 +14,11 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaResult;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use triage::ledger::{AckToken, AckTracker, Disposition, ResolveError};
 use triage::runtime::{AckRef, AckSink};
@@ -40,6 +42,11 @@ pub(crate) enum Committed {
 #[derive(Debug, Default)]
 pub(crate) struct Offsets {
     state: Mutex<State>,
+    /// Held from the snapshot of the watermarks to the commit's result: one commit at a time,
+    /// so they land in the order their snapshots were taken (see the module docs).
+    commit_lock: Mutex<()>,
+    /// How long the revocation's commit waits for one in flight.
+    commit_wait: Mutex<Option<Duration>>,
     /// Bumped on every revocation: a queued envelope stamped with an older value may belong to
     /// a revoked partition and is checked before it is handed out.
     revocations: AtomicU64,
@@ -81,11 +88,6 @@ impl State {
 
     fn name(&self, idx: u64) -> Option<&(String, i32)> {
         self.names.get(usize::try_from(idx).ok()?)
-    }
-
-    /// The committable positions as a commit list, with their indices.
-    fn committable(&self) -> (TopicPartitionList, Vec<(u64, u64)>) {
-        self.committable_where(|_| true)
     }
 
     /// The committable positions of the partitions `keep` selects.
@@ -182,13 +184,7 @@ impl Offsets {
     /// old client are ignored from here on.
     pub(crate) fn lose_all(&self) {
         self.client.fetch_add(1, Ordering::AcqRel);
-        let mut state = self.state.lock();
-        let assigned: Vec<u64> = state.tracker.partitions().copied().collect();
-        for idx in &assigned {
-            state.tracker.revoke(idx);
-        }
-        drop(state);
-        self.revocations.fetch_add(1, Ordering::AcqRel);
+        self.revoke_all();
         self.paused.store(false, Ordering::Release);
     }
 
@@ -199,23 +195,96 @@ impl Offsets {
         consumer: &BaseConsumer<C>,
         trigger: CommitTrigger,
     ) -> Committed {
-        let (tpl, list) = self.state.lock().committable();
+        self.commit_with(
+            trigger,
+            |_| true,
+            None,
+            |tpl| consumer.commit(tpl, CommitMode::Sync),
+        )
+    }
+
+    /// Commits the changed watermarks of the partitions `keep` selects through `send`, one
+    /// commit at a time: waits for a commit in flight (at most `wait`, when given; past it
+    /// nothing is committed and the attempt counts as failed), then takes the snapshot and
+    /// commits it, holding the lock until `send` returns. Records the result.
+    pub(crate) fn commit_with(
+        &self,
+        trigger: CommitTrigger,
+        keep: impl Fn(u64) -> bool,
+        wait: Option<Duration>,
+        send: impl FnOnce(&TopicPartitionList) -> KafkaResult<()>,
+    ) -> Committed {
+        let serial = match wait {
+            None => Some(self.commit_lock.lock()),
+            Some(wait) => self.commit_lock.try_lock_for(wait),
+        };
+        let Some(_serial) = serial else {
+            self.commit_failed(trigger, "a commit in flight did not finish in time");
+            return Committed::Failed;
+        };
+        let (tpl, list) = self.state.lock().committable_where(keep);
         if list.is_empty() {
             return Committed::Nothing;
         }
-        match consumer.commit(&tpl, CommitMode::Sync) {
+        match send(&tpl) {
             Ok(()) => {
                 self.mark_committed(&list, trigger);
                 Committed::Done
             }
             Err(err) => {
-                self.stats.commits_failed.fetch_add(1, Ordering::Relaxed);
-                metrics::commit(trigger, false);
-                // Expected while the coordinator is away; the next interval retries.
-                tracing::debug!(%err, trigger = ?trigger, "kafka source: offset commit failed");
+                self.commit_failed(trigger, &err.to_string());
                 Committed::Failed
             }
         }
+    }
+
+    fn commit_failed(&self, trigger: CommitTrigger, why: &str) {
+        self.stats.commits_failed.fetch_add(1, Ordering::Relaxed);
+        metrics::commit(trigger, false);
+        if trigger == CommitTrigger::Interval {
+            // Expected while the coordinator is away; the next interval retries.
+            tracing::debug!(%why, "kafka source: offset commit failed");
+        } else {
+            tracing::warn!(%why, trigger = ?trigger, "kafka source: offset commit failed");
+        }
+    }
+
+    /// How long a revocation's commit waits for an interval commit in flight.
+    pub(crate) fn set_commit_wait(&self, wait: Duration) {
+        *self.commit_wait.lock() = Some(wait);
+    }
+
+    /// Registers newly assigned partitions: each starts a new epoch with no position.
+    pub(crate) fn assign<'a>(&self, partitions: impl IntoIterator<Item = (&'a str, i32)>) {
+        let mut state = self.state.lock();
+        for (topic, partition) in partitions {
+            let idx = state.index_of(topic, partition);
+            state.tracker.assign(idx);
+        }
+    }
+
+    /// Stops tracking the given partitions: later dispositions of their records are stale,
+    /// and queued records of theirs are withdrawn.
+    pub(crate) fn revoke<'a>(&self, partitions: impl IntoIterator<Item = (&'a str, i32)>) {
+        let mut state = self.state.lock();
+        for (topic, partition) in partitions {
+            if let Some(idx) = state.lookup(topic, partition) {
+                state.tracker.revoke(&idx);
+            }
+        }
+        drop(state);
+        self.revocations.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Every partition is lost (a rebalance error): revoked without a commit.
+    pub(crate) fn revoke_all(&self) {
+        let mut state = self.state.lock();
+        let assigned: Vec<u64> = state.tracker.partitions().copied().collect();
+        for idx in &assigned {
+            state.tracker.revoke(idx);
+        }
+        drop(state);
+        self.revocations.fetch_add(1, Ordering::AcqRel);
     }
 
     fn mark_committed(&self, list: &[(u64, u64)], trigger: CommitTrigger) {
@@ -280,52 +349,51 @@ impl ClientContext for SourceContext {}
 
 impl ConsumerContext for SourceContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        let Rebalance::Revoke(tpl) = rebalance else {
-            return;
-        };
         if !self.current() {
             return;
         }
-        metrics::rebalance("revoke");
-        self.offsets
-            .stats
-            .revocations
-            .fetch_add(1, Ordering::Relaxed);
         let offsets = &self.offsets;
+        let tpl = match rebalance {
+            Rebalance::Assign(_) => return,
+            Rebalance::Error(err) => {
+                // rdkafka unassigns everything after this callback: a lost assignment.
+                metrics::rebalance("error");
+                offsets.stats.revocations.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%err, "kafka source: rebalance error; every partition given up");
+                offsets.revoke_all();
+                return;
+            }
+            Rebalance::Revoke(tpl) => tpl,
+        };
+        metrics::rebalance("revoke");
+        offsets.stats.revocations.fetch_add(1, Ordering::Relaxed);
+        let elements = tpl.elements();
+        let revoked: Vec<(&str, i32)> = elements
+            .iter()
+            .map(|e| (e.topic(), e.partition()))
+            .collect();
         // A lost assignment (session timed out) already belongs to someone else: committing
         // would fail, or worse overwrite the new owner's position.
         if !offsets.closing.load(Ordering::Acquire) && !consumer.assignment_lost() {
             // Commit what is settled before giving the partitions up, so the next owner starts
             // exactly after it. A synchronous commit here is what librdkafka documents for
             // this callback; on failure the next owner redelivers from the older position.
-            let (commit_tpl, list) = {
+            let indices: Vec<u64> = {
                 let state = offsets.state.lock();
-                let revoked: Vec<u64> = tpl
-                    .elements()
+                revoked
                     .iter()
-                    .filter_map(|e| state.lookup(e.topic(), e.partition()))
-                    .collect();
-                state.committable_where(|idx| revoked.contains(&idx))
+                    .filter_map(|(t, p)| state.lookup(t, *p))
+                    .collect()
             };
-            if !list.is_empty() {
-                match consumer.commit(&commit_tpl, CommitMode::Sync) {
-                    Ok(()) => offsets.mark_committed(&list, CommitTrigger::Revoke),
-                    Err(err) => {
-                        offsets.stats.commits_failed.fetch_add(1, Ordering::Relaxed);
-                        metrics::commit(CommitTrigger::Revoke, false);
-                        tracing::warn!(%err, "kafka source: commit on revocation failed");
-                    }
-                }
-            }
+            let wait = offsets.commit_wait.lock().unwrap_or(Duration::from_secs(5));
+            offsets.commit_with(
+                CommitTrigger::Revoke,
+                |idx| indices.contains(&idx),
+                Some(wait),
+                |commit| consumer.commit(commit, CommitMode::Sync),
+            );
         }
-        let mut state = offsets.state.lock();
-        for e in tpl.elements() {
-            if let Some(idx) = state.lookup(e.topic(), e.partition()) {
-                state.tracker.revoke(&idx);
-            }
-        }
-        drop(state);
-        offsets.revocations.fetch_add(1, Ordering::AcqRel);
+        offsets.revoke(revoked);
     }
 
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -339,12 +407,8 @@ impl ConsumerContext for SourceContext {
                     .stats
                     .assignments
                     .fetch_add(1, Ordering::Relaxed);
-                let mut state = self.offsets.state.lock();
-                for e in tpl.elements() {
-                    let idx = state.index_of(e.topic(), e.partition());
-                    state.tracker.assign(idx);
-                }
-                drop(state);
+                self.offsets
+                    .assign(tpl.elements().iter().map(|e| (e.topic(), e.partition())));
                 // librdkafka keeps a partition's pause flag across an unassign and a later
                 // assign (confluent-kafka-go#193, librdkafka#1849): set the flag the source wants
                 // on every assignment, both ways. Without the resume, a source that was paused
@@ -359,11 +423,150 @@ impl ConsumerContext for SourceContext {
                     tracing::warn!(%err, "kafka source: could not set the new assignment's pause flag");
                 }
             }
-            Rebalance::Revoke(_) => {}
-            Rebalance::Error(err) => {
-                metrics::rebalance("error");
-                tracing::warn!(%err, "kafka source: rebalance error");
-            }
+            // Handled before rdkafka unassigned (`pre_rebalance`).
+            Rebalance::Revoke(_) | Rebalance::Error(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn position(tpl: &TopicPartitionList) -> i64 {
+        match tpl.elements()[0].offset() {
+            Offset::Offset(o) => o,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Issue 10 point 10: an interval commit whose snapshot (position 5) was taken before the
+    /// revocation's commit (position 10) must not land after it. Before commits were
+    /// serialised, the revocation committed while the interval commit was in flight, and the
+    /// latter landed last: the landed positions were [10, 5], the group's position moved back.
+    #[test]
+    fn a_late_commit_never_lands_after_a_newer_one() {
+        let offsets = Arc::new(Offsets::default());
+        offsets.assign([("t", 0)]);
+        let tokens: Vec<AckRef> = (0..10)
+            .map(|o| offsets.track("t", 0, o).unwrap().0)
+            .collect();
+        for t in &tokens[..5] {
+            offsets.resolve(*t);
+        }
+        let landed = Arc::new(Mutex::new(Vec::new()));
+        let (started_tx, started) = mpsc::channel();
+        let (release, release_rx) = mpsc::channel::<()>();
+        let interval = {
+            let (offsets, landed) = (Arc::clone(&offsets), Arc::clone(&landed));
+            std::thread::spawn(move || {
+                offsets.commit_with(
+                    CommitTrigger::Interval,
+                    |_| true,
+                    None,
+                    |tpl| {
+                        let pos = position(tpl);
+                        started_tx.send(()).unwrap();
+                        release_rx.recv().unwrap();
+                        landed.lock().push(pos);
+                        Ok(())
+                    },
+                )
+            })
+        };
+        started.recv().unwrap();
+        // Settled meanwhile; then the partition is revoked, whose commit covers 10.
+        for t in &tokens[5..] {
+            offsets.resolve(*t);
+        }
+        let (done_tx, done) = mpsc::channel();
+        let revoke = {
+            let (offsets, landed) = (Arc::clone(&offsets), Arc::clone(&landed));
+            std::thread::spawn(move || {
+                let r = offsets.commit_with(
+                    CommitTrigger::Revoke,
+                    |_| true,
+                    Some(Duration::from_secs(60)),
+                    |tpl| {
+                        landed.lock().push(position(tpl));
+                        Ok(())
+                    },
+                );
+                done_tx.send(()).unwrap();
+                r
+            })
+        };
+        // Give the revocation every chance to overtake; it must wait instead. (A revocation
+        // that finished here, before the release, is what the fix rules out.)
+        let overtook = done.recv_timeout(Duration::from_millis(300)).is_ok();
+        release.send(()).unwrap();
+        assert_eq!(interval.join().unwrap(), Committed::Done);
+        assert_eq!(revoke.join().unwrap(), Committed::Done);
+        assert!(
+            !overtook,
+            "the revocation committed while a commit was in flight"
+        );
+        assert_eq!(*landed.lock(), [5, 10], "positions land in order");
+        // Nothing is left to commit: the position marked is the newest.
+        let nothing = offsets.commit_with(
+            CommitTrigger::Interval,
+            |_| true,
+            None,
+            |_| panic!("nothing changed"),
+        );
+        assert_eq!(nothing, Committed::Nothing);
+    }
+
+    /// A revocation that cannot get the commit lock in time commits nothing (the older
+    /// position stays; the next owner repeats, never skips) and counts a failed commit.
+    #[test]
+    fn a_revocation_behind_a_stuck_commit_commits_nothing() {
+        let offsets = Offsets::default();
+        offsets.assign([("t", 0)]);
+        let (token, _) = offsets.track("t", 0, 0).unwrap();
+        offsets.resolve(token);
+        let _stuck = offsets.commit_lock.lock();
+        let r = offsets.commit_with(
+            CommitTrigger::Revoke,
+            |_| true,
+            Some(Duration::from_millis(1)),
+            |_| panic!("must not commit"),
+        );
+        assert_eq!(r, Committed::Failed);
+        assert_eq!(offsets.stats.snapshot().commits_failed, 1);
+    }
+
+    /// Issue 10 point 10: a rebalance error gives up every partition. Dispositions arriving
+    /// later are stale (never stored, so never committed), queued records are withdrawn, and
+    /// no commit covers the partitions any more.
+    #[test]
+    fn a_rebalance_error_gives_up_every_partition() {
+        let offsets = Offsets::default();
+        offsets.assign([("t", 0), ("t", 1), ("u", 0)]);
+        let a = offsets.track("t", 0, 7).unwrap();
+        let b = offsets.track("u", 0, 3).unwrap();
+        offsets.resolve(a.0);
+        offsets.revoke_all();
+        assert_eq!(offsets.pending_total(), 0);
+        assert!(
+            !offsets.is_current(b.0, b.1),
+            "queued records are withdrawn"
+        );
+        offsets.resolve(b.0);
+        assert_eq!(offsets.stats.snapshot().stale_acks, 1);
+        let r = offsets.commit_with(
+            CommitTrigger::Interval,
+            |_| true,
+            None,
+            |_| panic!("nothing is owned any more"),
+        );
+        assert_eq!(r, Committed::Nothing);
+        assert!(offsets.track("t", 1, 0).is_none(), "not assigned any more");
+        // A later assignment starts a fresh epoch.
+        offsets.assign([("t", 0)]);
+        assert!(offsets.track("t", 0, 8).is_some());
     }
 }

@@ -32,7 +32,8 @@ pub struct SourceStats {
     pub commits_failed: u64,
     /// Dispositions ignored because their partition had been revoked.
     pub stale_acks: u64,
-    /// Revocation callbacks.
+    /// Revocations: revocation callbacks, and rebalance errors (which give up every
+    /// partition).
     pub revocations: u64,
     /// Assignment callbacks.
     pub assignments: u64,
