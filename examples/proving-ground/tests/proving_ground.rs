@@ -3,28 +3,28 @@
 //! `kill -9` of the worker and one broker restart. Asserts that every produced id is
 //! accounted for and that goodput is ordered by tier; never a wall-clock threshold.
 //!
-//! The harness is the example's own code (`examples/proving_ground/*.rs`, included by path).
+//! The harness is the binary's own code (`examples/proving-ground/src/*.rs`, included by path).
 //! The worker must be a separate process so it can be killed: this test binary starts
 //! *itself* with the ignored test `proving_ground_worker` selected and the worker's
-//! arguments in `PROVING_GROUND_WORKER`. That needs nothing built beforehand (examples have
-//! no `CARGO_BIN_EXE_*`) and runs exactly the code under test.
+//! arguments in `PROVING_GROUND_WORKER`. That runs exactly the code under test, compiled
+//! with this test's profile.
 //!
 //! The broker restart uses this checkout's `tests/brokers/*.sh`; a guard starts the broker
 //! again even if the test fails, so the next test binary finds it up.
 
-#[path = "../examples/proving_ground/brokers.rs"]
+#[path = "../src/brokers.rs"]
 mod brokers;
-#[path = "../examples/proving_ground/faults.rs"]
+#[path = "../src/faults.rs"]
 mod faults;
-#[path = "../examples/proving_ground/harness.rs"]
+#[path = "../src/harness.rs"]
 mod harness;
-#[path = "../examples/proving_ground/load.rs"]
+#[path = "../src/load.rs"]
 mod load;
-#[path = "../examples/proving_ground/reconcile.rs"]
+#[path = "../src/reconcile.rs"]
 mod reconcile;
-#[path = "../examples/proving_ground/report.rs"]
+#[path = "../src/report.rs"]
 mod report;
-#[path = "../examples/proving_ground/worker.rs"]
+#[path = "../src/worker.rs"]
 mod worker;
 
 use std::time::Duration;
@@ -89,7 +89,7 @@ fn check(broker: worker::BrokerKind) {
         &config.out,
         &config,
         &results,
-        "cargo test --test proving_ground",
+        "cargo test -p triage-proving-ground --test proving_ground",
     )
     .unwrap();
     println!("{md}");

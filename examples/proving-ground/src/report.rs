@@ -2,7 +2,7 @@
 //! against the offered load factor (plotters' SVG backend; text is written as SVG `<text>`
 //! with plotters' built-in size estimate, so no font library or system font is needed).
 
-// Shared by the example and tests/proving_ground.rs; each uses a part.
+// Shared by the binary (src/main.rs) and tests/proving_ground.rs; each uses a part.
 #![allow(dead_code)]
 
 use std::fmt::Write as _;

@@ -7,7 +7,7 @@
 //! publish lost to a broker restart is published again under the same id after reconnecting
 //! (a duplicate is possible, a gap is not). Kafka's producer retries by itself.
 
-// Shared by the example and tests/proving_ground.rs; each uses a part.
+// Shared by the binary (src/main.rs) and tests/proving_ground.rs; each uses a part.
 #![allow(dead_code)]
 
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! Broker administration for the harness: topics and queues, reading back what the defer and
 //! dead-letter stores hold, and restarting a broker through the project's scripts.
 
-// Shared by the example and tests/proving_ground.rs; each uses a part.
+// Shared by the binary (src/main.rs) and tests/proving_ground.rs; each uses a part.
 #![allow(dead_code)]
 
 use std::process::Command;
@@ -135,7 +135,8 @@ pub fn script(broker: BrokerKind, cmd: &str) -> Result<(), String> {
         BrokerKind::Kafka => "kafka.sh",
         BrokerKind::Amqp => "rabbitmq.sh",
     };
-    let path = format!("{}/tests/brokers/{name}", env!("CARGO_MANIFEST_DIR"));
+    // This crate lives two levels below the workspace root, beside the broker scripts' tests/.
+    let path = format!("{}/../../tests/brokers/{name}", env!("CARGO_MANIFEST_DIR"));
     let status = Command::new("bash")
         .arg(&path)
         .arg(cmd)

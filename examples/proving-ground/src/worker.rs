@@ -1,7 +1,7 @@
 //! The worker process: the triage runtime over a real Kafka topic or RabbitMQ queue, a handler
 //! with a fixed service time, and an append-only disposition log.
 //!
-//! The harness starts it as a child process (`proving_ground worker ...`, or the test binary
+//! The harness starts it as a child process (`triage-proving-ground worker ...`, or the test binary
 //! re-executing itself) so that it can `kill -9` it. Every disposition is written to the log
 //! from the runtime's `observe` hook, which runs before the message is acknowledged, with one
 //! unbuffered `write(2)` per line: once a message is acked its line is in the kernel's page
@@ -12,7 +12,7 @@
 //! the runtime's refusal and eviction counters and the reject-cost histogram, captured by a
 //! minimal `metrics` recorder installed in this process.
 
-// Shared by the example and tests/proving_ground.rs; each uses a part.
+// Shared by the binary (src/main.rs) and tests/proving_ground.rs; each uses a part.
 #![allow(dead_code)]
 
 use std::collections::HashMap;

@@ -7,7 +7,7 @@
 //! must have ended). Everything else is unaccounted. Several completions of one id are
 //! duplicates (at-least-once delivery: counted, allowed).
 
-// Shared by the example and tests/proving_ground.rs; each uses a part.
+// Shared by the binary (src/main.rs) and tests/proving_ground.rs; each uses a part.
 #![allow(dead_code)]
 
 use std::collections::{HashMap, HashSet};

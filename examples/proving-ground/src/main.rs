@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! tests/brokers/up.sh
-//! cargo run --release --example proving_ground -- --broker both --factors 1,3,10 \
+//! cargo run --release -p triage-proving-ground -- --broker both --factors 1,3,10 \
 //!     --seconds 20 --kills 5 --broker-restart --group-churn --out target/proving-ground
 //! ```
 //!
@@ -150,7 +150,7 @@ fn main() -> ExitCode {
         launcher: faults::Launcher::Subcommand,
     };
     let command = format!(
-        "cargo run --release --example proving_ground -- {}",
+        "cargo run --release -p triage-proving-ground -- {}",
         std::env::args().skip(1).collect::<Vec<_>>().join(" ")
     );
     let results = runtime.block_on(harness::run(&config));

@@ -1,12 +1,12 @@
 //! Worker processes and fault injection: start, `kill -9`, restart, a second worker joining and
 //! leaving the consumer group, and a broker restart, on a timeline.
 //!
-//! How the worker is started is a [`Launcher`]: the example binary runs itself with the
-//! `worker` subcommand; the integration test runs its own test binary with one ignored test
-//! selected and the worker's arguments in an environment variable (examples have no
-//! `CARGO_BIN_EXE_*`, and re-executing the current binary needs nothing built beforehand).
+//! How the worker is started is a [`Launcher`]: the binary runs itself with the `worker`
+//! subcommand; the integration test runs its own test binary with one ignored test selected
+//! and the worker's arguments in an environment variable (re-executing the current binary
+//! runs exactly the code under test and needs nothing else built).
 
-// Shared by the example and tests/proving_ground.rs; each uses a part.
+// Shared by the binary (src/main.rs) and tests/proving_ground.rs; each uses a part.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -21,7 +21,7 @@ pub const WORKER_ENV: &str = "PROVING_GROUND_WORKER";
 /// How to start a worker process.
 #[derive(Clone, Debug)]
 pub enum Launcher {
-    /// `<this executable> worker <args>` (the example binary).
+    /// `<this executable> worker <args>` (the `triage-proving-ground` binary).
     Subcommand,
     /// `<this test binary> <test> --exact --ignored --nocapture`, arguments in [`WORKER_ENV`]
     /// separated by newlines.

@@ -1,7 +1,7 @@
 //! The run: per broker, measure capacity, offer each load factor, then a fault phase; settle,
-//! stop the workers, reconcile. Shared by the example's CLI and `tests/proving_ground.rs`.
+//! stop the workers, reconcile. Shared by the binary's CLI and `tests/proving_ground.rs`.
 
-// Shared by the example and tests/proving_ground.rs; each uses a part.
+// Shared by the binary (src/main.rs) and tests/proving_ground.rs; each uses a part.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
