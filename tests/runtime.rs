@@ -875,3 +875,128 @@ async fn shutdown_grace_covers_deferrals_and_dead_letters() {
         "a dead letter outlived shutdown"
     );
 }
+
+fn ok_handler(_job: Job<u32>) -> BoxedResult {
+    Box::pin(async { Ok(()) })
+}
+
+/// A `defer` written out without a defer sink would shed what it promises to keep: refused
+/// at start-up, naming the tier. The default (`defer_or_drop`) still starts without one.
+#[tokio::test(flavor = "current_thread")]
+async fn a_defer_policy_without_a_defer_sink_is_refused_at_start() {
+    let policies = |medium: &str| {
+        format!(
+            "[policy]\ncritical = \"backpressure\"\nhigh = \"backpressure\"\n\
+             medium = \"{medium}\"\nsheddable = \"defer_or_drop\""
+        )
+    };
+    let c = RuntimeConfig::from_toml(&policies("defer")).unwrap();
+    let err = Runtime::builder(c.clone())
+        .start(ok_handler)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("policy.medium = defer"), "{err}");
+    assert!(err.contains("no defer sink"), "{err}");
+    let rt = Runtime::builder(c)
+        .defer_sink(Arc::new(MemorySink::new()))
+        .start(ok_handler)
+        .unwrap();
+    rt.shutdown(Duration::from_secs(1)).await;
+
+    let c = RuntimeConfig::default();
+    assert_eq!(c.policy.sheddable, RefusalPolicy::DeferOrDrop);
+    let rt = Runtime::builder(c).start(ok_handler).unwrap();
+    rt.shutdown(Duration::from_secs(1)).await;
+    let c = RuntimeConfig::from_toml(&policies("drop")).unwrap();
+    assert_eq!(c.policy.sheddable, RefusalPolicy::DeferOrDrop);
+    let rt = Runtime::builder(c).start(ok_handler).unwrap();
+    rt.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Without a defer sink the default sheds Medium and Sheddable under overload (Drop); with
+/// one it defers them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defer_or_drop_defers_with_a_sink_and_drops_without() {
+    for with_sink in [false, true] {
+        let broker = MemoryBroker::new();
+        for i in 0..20u32 {
+            broker.publish(i, Criticality::Sheddable, None);
+        }
+        broker.close();
+        let mut c = config(1, 2);
+        c.queue.admission = QueueAgeConfig::disabled();
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let sink = Arc::new(MemorySink::new());
+        let mut builder = Runtime::builder(c);
+        if with_sink {
+            builder = builder.defer_sink(Arc::clone(&sink));
+        }
+        let mut rt = builder.start(gated(Arc::clone(&gate))).unwrap();
+        rt.attach(broker.source());
+        while broker.backlog() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        gate.add_permits(1_000);
+        rt.wait_idle().await;
+        let report = rt.shutdown(Duration::from_secs(5)).await;
+        assert!(report.stats.balances(), "{report}");
+        let acks = broker.acks();
+        if with_sink {
+            assert!(acks.deferred > 0 && acks.shed == 0, "{acks:?}");
+            assert_eq!(sink.len() as u64, acks.deferred);
+        } else {
+            assert!(acks.shed > 0 && acks.deferred == 0, "{acks:?}");
+        }
+        assert_eq!(acks.completed + acks.deferred + acks.shed, 20, "{acks:?}");
+    }
+}
+
+/// The same sink for deferrals and dead letters would drain dead letters back as deferred
+/// work: refused at start-up.
+#[tokio::test(flavor = "current_thread")]
+async fn one_sink_for_deferrals_and_dead_letters_is_refused_at_start() {
+    let sink = Arc::new(MemorySink::new());
+    let err = Runtime::builder(config(1, 8))
+        .defer_sink(Arc::clone(&sink))
+        .dead_letter_sink(Arc::clone(&sink))
+        .start(ok_handler)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("dead_letter_sink"), "{err}");
+}
+
+/// A source that acknowledges failed messages because the dead-letter sink keeps them.
+struct NeedsDeadLetters(triage::runtime::MemorySource<u32>);
+
+impl triage::runtime::Source for NeedsDeadLetters {
+    type Payload = u32;
+
+    async fn next(&mut self) -> Option<triage::runtime::Envelope<u32>> {
+        self.0.next().await
+    }
+
+    fn needs_dead_letter_sink(&self) -> Option<&'static str> {
+        Some("dead_letter_via_sink")
+    }
+}
+
+/// A source that relies on a dead-letter sink is refused by a runtime without one, with an
+/// error naming the source's setting; accepted by one with a sink.
+#[tokio::test(flavor = "current_thread")]
+async fn a_source_that_relies_on_a_dead_letter_sink_is_refused_without_one() {
+    let broker = MemoryBroker::new();
+    let mut rt = Runtime::builder(config(1, 8)).start(ok_handler).unwrap();
+    let err = rt
+        .try_attach(NeedsDeadLetters(broker.source()))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("dead_letter_via_sink = true"), "{err}");
+    assert!(err.contains("dead-letter sink"), "{err}");
+    rt.shutdown(Duration::from_secs(1)).await;
+    let mut rt = Runtime::builder(config(1, 8))
+        .dead_letter_sink(Arc::new(MemorySink::new()))
+        .start(ok_handler)
+        .unwrap();
+    rt.try_attach(NeedsDeadLetters(broker.source())).unwrap();
+    rt.shutdown(Duration::from_secs(1)).await;
+}

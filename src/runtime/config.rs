@@ -18,13 +18,18 @@ pub enum RefusalPolicy {
     /// broker is the buffer. A pull-based source never loses such a message to overload.
     Backpressure,
     /// Re-publish it to the durable defer sink and acknowledge it once the broker confirmed
-    /// the copy. Without a defer sink configured, behaves as `Drop`; while the defer sink
-    /// fails in transport, behaves as `Backpressure` (for `defer_cooldown_ms`). A message the
-    /// sink refuses for good (`SinkError::Rejected`: too large, unroutable) goes to the
-    /// dead-letter path once, reason `defer_rejected`, and the tier keeps deferring the others.
+    /// the copy. Needs a defer sink: without one the runtime refuses to start (a `defer`
+    /// written out is a promise that refused messages are kept, and a silent drop would break
+    /// it). While the defer sink fails in transport, behaves as `Backpressure` (for
+    /// `defer_cooldown_ms`). A message the sink refuses for good (`SinkError::Rejected`: too
+    /// large, unroutable) goes to the dead-letter path once, reason `defer_rejected`, and the
+    /// tier keeps deferring the others.
     Defer,
     /// Acknowledge it and count it as shed.
     Drop,
+    /// `Defer` when the runtime has a defer sink, `Drop` when it has none: the default for
+    /// Medium and Sheddable, decided once at start-up.
+    DeferOrDrop,
 }
 
 /// Retries of failed handlers: exponential backoff with full jitter (AWS Architecture Blog,
@@ -142,8 +147,9 @@ pub struct RuntimeConfig {
     /// "Load Shedding: Drop Low-Priority Work to Save the Rest"). Default
     /// `1.0 / 0.9 / 0.75 / 0.5`.
     pub shares: TierShares,
-    /// Refusal policy per tier. Default: Backpressure for Critical and High, Defer for Medium
-    /// and Sheddable (which is Drop when no defer sink is configured).
+    /// Refusal policy per tier. Default: Backpressure for Critical and High, DeferOrDrop for
+    /// Medium and Sheddable (Defer with a defer sink, Drop without one). An explicit `defer`
+    /// without a defer sink is refused at start-up, naming the tier (`policy.medium`).
     pub policy: PerTier<RefusalPolicy>,
     /// Handler retries.
     pub retry: RetryConfig,
@@ -189,8 +195,8 @@ impl Default for RuntimeConfig {
             policy: PerTier::new(
                 RefusalPolicy::Backpressure,
                 RefusalPolicy::Backpressure,
-                RefusalPolicy::Defer,
-                RefusalPolicy::Defer,
+                RefusalPolicy::DeferOrDrop,
+                RefusalPolicy::DeferOrDrop,
             ),
             retry: RetryConfig::default(),
             max_deferring: NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN),

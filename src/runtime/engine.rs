@@ -233,7 +233,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
     ) -> Offer<T> {
         let tier = item.tier();
         match self.policy(&item) {
-            RefusalPolicy::Drop => {
+            // `DeferOrDrop` is resolved at start-up and never reaches here.
+            RefusalPolicy::Drop | RefusalPolicy::DeferOrDrop => {
                 self.accounts.metrics.tiers[item.original].shed[reason].increment(1);
                 self.settle(item, Disposition::Shed);
                 Offer::Taken

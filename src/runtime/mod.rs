@@ -171,8 +171,9 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
         H: Fn(Job<T>) -> F + Send + Sync + 'static,
         F: Future<Output = Result<(), HandlerError>> + Send + 'static,
     {
-        let config = self.config;
+        let mut config = self.config;
         config.validate()?;
+        check_sinks(&mut config, self.defer.as_ref(), self.dead_letter.as_ref())?;
         let workers = config.workers.get();
         let limiter = match &config.limit {
             Some(l) => l.build().map_err(|e| {
@@ -245,14 +246,53 @@ impl<T: Send + Sync + 'static> Runtime<T> {
     }
 
     /// Starts pulling from `source` on its own task.
+    ///
+    /// # Panics
+    ///
+    /// When the source relies on a dead-letter sink this runtime does not have (see
+    /// [`try_attach`](Runtime::try_attach), which returns the error instead).
     pub fn attach<S: Source<Payload = T>>(&mut self, source: S) {
+        if let Err(e) = self.try_attach(source) {
+            panic!("cannot attach the source: {e}");
+        }
+    }
+
+    /// Starts pulling from `source` on its own task, after checking that this runtime gives
+    /// it what it relies on.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the source's setting when the source relies on a dead-letter
+    /// sink ([`Source::needs_dead_letter_sink`]) and the runtime has none: its `Failed`
+    /// messages would be acknowledged with no copy kept anywhere.
+    pub fn try_attach<S: Source<Payload = T>>(&mut self, source: S) -> Result<(), ConfigError> {
+        self.check_source(&source)?;
         self.attach_mode(source, intake::Mode::Normal);
+        Ok(())
+    }
+
+    fn check_source<S: Source<Payload = T>>(&self, source: &S) -> Result<(), ConfigError> {
+        match source.needs_dead_letter_sink() {
+            Some(setting) if self.inner.dead_letter.is_none() => Err(ConfigError::new(
+                setting,
+                "true",
+                "false, or a dead-letter sink on the runtime (RuntimeBuilder::dead_letter_sink)",
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Starts pulling deferred work back from `source`, only while the Sheddable tier is being
     /// admitted (the load is below Sheddable's cut-off). Its messages are never deferred again:
     /// when refused they wait in their topic or queue (backpressure).
+    ///
+    /// # Panics
+    ///
+    /// As [`attach`](Runtime::attach).
     pub fn attach_drain<S: Source<Payload = T>>(&mut self, source: S) {
+        if let Err(e) = self.check_source(&source) {
+            panic!("cannot attach the drain: {e}");
+        }
         self.attach_mode(source, intake::Mode::Drain);
     }
 
@@ -412,6 +452,45 @@ impl<T> Drop for Runtime<T> {
         // Now rather than when the last aborted task lets go of `inner`.
         drop(inner.queue.close());
     }
+}
+
+/// What the configuration asks of the sinks, against the sinks there are: resolves
+/// `DeferOrDrop`, and refuses what cannot work.
+fn check_sinks<T>(
+    config: &mut RuntimeConfig,
+    defer: Option<&Arc<dyn DeferSink<T>>>,
+    dead_letter: Option<&Arc<dyn DeadLetterSink<T>>>,
+) -> Result<(), ConfigError> {
+    for tier in crate::Criticality::ALL {
+        match config.policy[tier] {
+            RefusalPolicy::DeferOrDrop if defer.is_some() => {
+                config.policy[tier] = RefusalPolicy::Defer;
+            }
+            RefusalPolicy::DeferOrDrop => config.policy[tier] = RefusalPolicy::Drop,
+            RefusalPolicy::Defer if defer.is_none() => {
+                return Err(ConfigError::new(
+                    format!("policy.{}", tier.as_str()),
+                    "defer",
+                    "backpressure, drop or defer_or_drop: no defer sink is configured \
+                     (RuntimeBuilder::defer_sink)",
+                ));
+            }
+            _ => {}
+        }
+    }
+    if let (Some(defer), Some(dead_letter)) = (defer, dead_letter) {
+        // One sink object is one topic or queue: dead letters there would be drained back
+        // as deferred work and handled again, failing again, for ever.
+        if std::ptr::addr_eq(Arc::as_ptr(defer), Arc::as_ptr(dead_letter)) {
+            return Err(ConfigError::new(
+                "dead_letter_sink",
+                "the defer sink",
+                "a sink other than the defer sink (dead letters would be drained back as \
+                 deferred work)",
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn stats_of<T>(inner: &Inner<T>) -> RuntimeStats {

@@ -47,6 +47,17 @@ pub trait Source: Send + 'static {
         let _ = tiers;
     }
 
+    /// The name of this source's setting that makes it rely on the runtime's dead-letter sink
+    /// (for example an AMQP source that acknowledges `Failed` deliveries rather than
+    /// rejecting them to the queue's dead-letter exchange, because the sink keeps the copy),
+    /// or `None` (the default) when it keeps failed messages by itself or needs not. A runtime
+    /// without a dead-letter sink refuses to attach a source that names one
+    /// ([`Runtime::try_attach`](crate::runtime::Runtime::try_attach)), with an error naming
+    /// the setting: its `Failed` messages would be acknowledged with no copy kept anywhere.
+    fn needs_dead_letter_sink(&self) -> Option<&'static str> {
+        None
+    }
+
     /// The runtime is stopping: every message it took has been resolved or released. Make the
     /// final synchronous acknowledgement (Kafka: commit the watermark) and return. Must return
     /// even when the broker is unreachable; the runtime also bounds it by its grace period.
