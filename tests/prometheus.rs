@@ -4,6 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use triage::runtime::{Job, MemoryBroker, RefusalPolicy, Runtime, RuntimeConfig};
@@ -22,6 +23,33 @@ fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
     let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
     (status, body)
+}
+
+/// `promtool check metrics` on a scrape: its exit code and what it printed. Panics when
+/// promtool is missing: the suite installs it (`tests/tools.sh`, called by `tests/run.sh`).
+fn promtool_check_metrics(scrape: &str) -> (i32, String) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot run promtool ({e}): install it with tests/tools.sh (Debian's prometheus)")
+        });
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(scrape.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,4 +107,27 @@ async fn metrics_and_liveness_are_served() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum();
     assert_eq!(shed, report.stats.ledger.total().shed);
+
+    // What Prometheus itself accepts: every family has HELP and TYPE, names and units follow
+    // its conventions, and the latencies are histograms (buckets, aggregatable across workers).
+    let (code, lint) = promtool_check_metrics(&body);
+    assert_eq!(code, 0, "promtool check metrics:\n{lint}\nscrape:\n{body}");
+    for name in [
+        "triage_sojourn_seconds",
+        "triage_handler_latency_seconds",
+        "triage_reject_cost_seconds",
+    ] {
+        assert!(
+            body.contains(&format!("# TYPE {name} histogram")),
+            "{name} is not a histogram:\n{body}"
+        );
+    }
+    let critical_sojourn_inf = body
+        .lines()
+        .find(|l| l.starts_with("triage_sojourn_seconds_bucket{tier=\"critical\",le=\"+Inf\"}"))
+        .unwrap_or_else(|| panic!("no +Inf bucket for critical sojourn:\n{body}"));
+    assert!(critical_sojourn_inf.ends_with(" 50"), "{critical_sojourn_inf}");
+    let families = body.lines().filter(|l| l.starts_with("# TYPE ")).count();
+    let helps = body.lines().filter(|l| l.starts_with("# HELP ")).count();
+    assert_eq!(helps, families, "a family without HELP:\n{body}");
 }

@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 
-/// How often histogram buckets are drained into the rendered summaries when nobody scrapes.
+use crate::runtime::metrics::histogram_buckets;
+
+/// How often recorded histogram samples are folded into their buckets when nobody scrapes.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// The running endpoint. Dropping it stops the thread (the recorder stays installed).
@@ -100,9 +102,15 @@ pub fn serve(addr: SocketAddr) -> Result<MetricsServer, ServeError> {
         .server_addr()
         .to_ip()
         .ok_or_else(|| ServeError::Bind("not an IP listener".into()))?;
-    let handle = PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(ServeError::Recorder)?;
+    // Buckets per histogram (chosen for its unit, beside its name in `runtime::metrics`):
+    // served as Prometheus histograms, so quantiles aggregate across workers.
+    let mut builder = PrometheusBuilder::new();
+    for (name, buckets) in histogram_buckets() {
+        builder = builder
+            .set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)
+            .map_err(ServeError::Recorder)?;
+    }
+    let handle = builder.install_recorder().map_err(ServeError::Recorder)?;
     let stop = Arc::new(AtomicBool::new(false));
     let thread = {
         let handle = handle.clone();

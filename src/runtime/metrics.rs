@@ -1,5 +1,6 @@
-//! Every metric the runtime records, named and registered in one place. This module has no
-//! public items: it is the reference of the metric names.
+//! Every metric the runtime records, named, described (`# HELP`) and registered in one place.
+//! This module has no public items: it is the reference of the metric names. The histograms'
+//! bucket bounds are set here too, beside their names, and applied by `observe::serve`.
 //!
 //! Names are under `triage_`; labels are from small fixed sets (`tier`, `reason`), never from
 //! message content. Handles are registered once at start, so recording is an atomic add on a
@@ -37,10 +38,255 @@
 //! | `triage_handler_latency_seconds` | histogram | tier | handler run time |
 //! | `triage_reject_cost_seconds` | histogram | | cost of the admit-or-refuse decision for refused messages, sampled 1 in 1024 |
 
-use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, Unit};
 
 use crate::queue::RefuseReason;
 use crate::{Criticality, PerTier};
+
+/// What a metric is, for its `# TYPE` and `# HELP`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One metric: its name, kind, unit, `# HELP` text and, for a histogram, its bucket bounds.
+/// Each metric is written exactly once, as one of the constants below.
+#[derive(Debug)]
+pub(crate) struct Def {
+    pub(crate) name: &'static str,
+    pub(crate) kind: Kind,
+    unit: Option<Unit>,
+    help: &'static str,
+    /// Upper bounds of the histogram's buckets, in the metric's unit (empty unless a histogram).
+    #[cfg_attr(not(feature = "prometheus"), allow(dead_code))]
+    pub(crate) buckets: &'static [f64],
+}
+
+const fn counter_def(name: &'static str, help: &'static str) -> Def {
+    Def {
+        name,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help,
+        buckets: &[],
+    }
+}
+
+const fn gauge_def(name: &'static str, unit: Option<Unit>, help: &'static str) -> Def {
+    Def {
+        name,
+        kind: Kind::Gauge,
+        unit,
+        help,
+        buckets: &[],
+    }
+}
+
+const fn seconds_histogram(name: &'static str, buckets: &'static [f64], help: &'static str) -> Def {
+    Def {
+        name,
+        kind: Kind::Histogram,
+        unit: Some(Unit::Seconds),
+        help,
+        buckets,
+    }
+}
+
+/// Buckets for time spent waiting or working, in seconds: 0.5 ms to 10 s, with bounds at the
+/// default queue-age cut-offs (20, 80, 200, 400 ms) and around the usual deadline windows
+/// (100 ms to 3 s), so `histogram_quantile` resolves what admission and deadlines act on.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.1, 0.2, 0.4, 0.8, 1.0, 1.5, 3.0,
+    5.0, 10.0,
+];
+
+/// Buckets for the reject path's cost, in seconds: 100 ns to 1 ms. A refusal is meant to cost
+/// well under a microsecond (the seeds' "cost of rejection"); the upper buckets show it
+/// growing toward the cost of serving, where shedding stops helping.
+const REJECT_COST_BUCKETS: &[f64] = &[
+    1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 1e-3,
+];
+
+pub(crate) const CONSUMED: Def = counter_def(
+    "triage_consumed_total",
+    "Messages taken from sources, by tier as classified.",
+);
+pub(crate) const ADMITTED: Def = counter_def(
+    "triage_admitted_total",
+    "Messages accepted into the queue, by tier.",
+);
+pub(crate) const REFUSED: Def = counter_def(
+    "triage_refused_total",
+    "Admission decisions against a message, by tier and reason (overloaded, full, too_large, evicted); a held message refused again counts again.",
+);
+pub(crate) const SHED: Def = counter_def(
+    "triage_shed_total",
+    "Messages ending Shed: acknowledged and dropped by policy, by tier and reason.",
+);
+pub(crate) const DEFERRED: Def = counter_def(
+    "triage_deferred_total",
+    "Messages ending Deferred: published to the defer store and confirmed by the broker, by tier.",
+);
+pub(crate) const DEFER_FAILURES: Def = counter_def(
+    "triage_defer_failures_total",
+    "Defer publishes that failed in transport; the message fell back to backpressure and the sink is marked unhealthy.",
+);
+pub(crate) const DEFER_REJECTED: Def = counter_def(
+    "triage_defer_rejected_total",
+    "Deferrals the defer sink refused for good; the message went to the dead-letter path.",
+);
+pub(crate) const DEAD_LETTER_RETRIES: Def = counter_def(
+    "triage_dead_letter_retries_total",
+    "Dead-letter publishes that failed in transport and were retried.",
+);
+pub(crate) const DEAD_LETTER_REFERENCES: Def = counter_def(
+    "triage_dead_letter_references_total",
+    "Reference copies published in place of a dead letter the sink refused for good.",
+);
+pub(crate) const DEAD_LETTER_REJECTED: Def = counter_def(
+    "triage_dead_letter_rejected_total",
+    "Messages whose dead letter and reference copy were both refused for good (held unacknowledged).",
+);
+pub(crate) const DEAD_LETTERS_HELD: Def = gauge_def(
+    "triage_dead_letters_held",
+    Some(Unit::Count),
+    "Messages held unacknowledged because their dead letter was refused for good.",
+);
+pub(crate) const EXPIRED: Def = counter_def(
+    "triage_expired_total",
+    "Messages discarded past their deadline without being served, by tier.",
+);
+pub(crate) const COMPLETED: Def = counter_def(
+    "triage_completed_total",
+    "Handler successes, by tier (inside the deadline or not).",
+);
+pub(crate) const GOODPUT: Def = counter_def(
+    "triage_goodput_total",
+    "Handler successes inside the message's deadline (goodput), by tier.",
+);
+pub(crate) const FAILED: Def = counter_def(
+    "triage_failed_total",
+    "Messages ending Failed (dead-lettered), by tier.",
+);
+pub(crate) const RETRIES: Def = counter_def(
+    "triage_retries_total",
+    "Retries scheduled after a retryable handler error, by tier before demotion (each retry is demoted one tier).",
+);
+pub(crate) const PANICS: Def = counter_def(
+    "triage_handler_panics_total",
+    "Handler panics caught (the message is treated as a failure).",
+);
+pub(crate) const RELEASED: Def = counter_def(
+    "triage_released_total",
+    "Messages handed back to the source unacknowledged (shutdown), by tier.",
+);
+pub(crate) const BACKPRESSURE: Def = counter_def(
+    "triage_backpressure_total",
+    "Messages held because their tier's refusal policy is backpressure, by tier.",
+);
+pub(crate) const QUEUE_DEPTH: Def = gauge_def(
+    "triage_queue_depth",
+    Some(Unit::Count),
+    "Messages in the queue, by tier.",
+);
+pub(crate) const QUEUE_AGE: Def = gauge_def(
+    "triage_queue_age_seconds",
+    Some(Unit::Seconds),
+    "Queue age each tier sees: sojourn of the oldest queued message at or above the tier, seconds.",
+);
+pub(crate) const SHED_LEVEL: Def = gauge_def(
+    "triage_shed_level",
+    None,
+    "Tiers refused by queue-age admission, 0 (all admitted) to 4 (all refused), lowest tiers first.",
+);
+pub(crate) const IN_FLIGHT: Def = gauge_def(
+    "triage_in_flight",
+    Some(Unit::Count),
+    "Handlers running now.",
+);
+pub(crate) const CONCURRENCY_LIMIT: Def = gauge_def(
+    "triage_concurrency_limit",
+    Some(Unit::Count),
+    "Current concurrency limit (fixed, AIMD or Gradient2).",
+);
+pub(crate) const HELD: Def = gauge_def(
+    "triage_held",
+    Some(Unit::Count),
+    "Messages held by backpressure, waiting to be admitted.",
+);
+pub(crate) const SOJOURN: Def = seconds_histogram(
+    "triage_sojourn_seconds",
+    LATENCY_BUCKETS,
+    "Time from enqueue to dequeue (sojourn), by tier, seconds.",
+);
+pub(crate) const HANDLER_LATENCY: Def = seconds_histogram(
+    "triage_handler_latency_seconds",
+    LATENCY_BUCKETS,
+    "Handler run time, by tier, seconds.",
+);
+pub(crate) const REJECT_COST: Def = seconds_histogram(
+    "triage_reject_cost_seconds",
+    REJECT_COST_BUCKETS,
+    "Cost of the admit-or-refuse decision for refused messages, sampled 1 in 1024, seconds.",
+);
+
+/// Every metric the runtime records.
+pub(crate) const ALL: [&Def; 28] = [
+    &CONSUMED,
+    &ADMITTED,
+    &REFUSED,
+    &SHED,
+    &DEFERRED,
+    &DEFER_FAILURES,
+    &DEFER_REJECTED,
+    &DEAD_LETTER_RETRIES,
+    &DEAD_LETTER_REFERENCES,
+    &DEAD_LETTER_REJECTED,
+    &DEAD_LETTERS_HELD,
+    &EXPIRED,
+    &COMPLETED,
+    &GOODPUT,
+    &FAILED,
+    &RETRIES,
+    &PANICS,
+    &RELEASED,
+    &BACKPRESSURE,
+    &QUEUE_DEPTH,
+    &QUEUE_AGE,
+    &SHED_LEVEL,
+    &IN_FLIGHT,
+    &CONCURRENCY_LIMIT,
+    &HELD,
+    &SOJOURN,
+    &HANDLER_LATENCY,
+    &REJECT_COST,
+];
+
+/// Bucket bounds of every histogram, by name, for the exporter (`observe::serve`).
+#[cfg(feature = "prometheus")]
+pub(crate) fn histogram_buckets() -> impl Iterator<Item = (&'static str, &'static [f64])> {
+    ALL.into_iter()
+        .filter(|d| d.kind == Kind::Histogram)
+        .map(|d| (d.name, d.buckets))
+}
+
+/// Gives every metric its `# HELP` text and unit on the installed recorder (a no-op without
+/// one). Called when a runtime registers its handles, so a recorder installed before the
+/// runtime starts (as `observe::serve` requires) has the descriptions.
+pub(crate) fn describe() {
+    metrics::with_recorder(|recorder| {
+        for def in ALL {
+            let (name, unit, help) = (def.name.into(), def.unit, def.help.into());
+            match def.kind {
+                Kind::Counter => recorder.describe_counter(name, unit, help),
+                Kind::Gauge => recorder.describe_gauge(name, unit, help),
+                Kind::Histogram => recorder.describe_histogram(name, unit, help),
+            }
+        }
+    });
+}
 
 /// `reason` label values of `triage_refused_total` and `triage_shed_total`.
 pub(crate) const REASONS: [&str; 4] = ["overloaded", "full", "too_large", "evicted"];
@@ -93,42 +339,82 @@ pub(crate) struct Metrics {
 
 impl Metrics {
     pub(crate) fn register() -> Self {
+        describe();
         let tiers = PerTier::from_fn(|tier: Criticality| {
             let t = tier.as_str();
             TierMetrics {
-                consumed: counter!("triage_consumed_total", "tier" => t),
-                admitted: counter!("triage_admitted_total", "tier" => t),
-                refused: REASONS
-                    .map(|r| counter!("triage_refused_total", "tier" => t, "reason" => r)),
-                shed: REASONS.map(|r| counter!("triage_shed_total", "tier" => t, "reason" => r)),
-                deferred: counter!("triage_deferred_total", "tier" => t),
-                expired: counter!("triage_expired_total", "tier" => t),
-                completed: counter!("triage_completed_total", "tier" => t),
-                goodput: counter!("triage_goodput_total", "tier" => t),
-                failed: counter!("triage_failed_total", "tier" => t),
-                retries: counter!("triage_retries_total", "tier" => t),
-                released: counter!("triage_released_total", "tier" => t),
-                backpressure: counter!("triage_backpressure_total", "tier" => t),
-                depth: gauge!("triage_queue_depth", "tier" => t),
-                age: gauge!("triage_queue_age_seconds", "tier" => t),
-                sojourn: histogram!("triage_sojourn_seconds", "tier" => t),
-                latency: histogram!("triage_handler_latency_seconds", "tier" => t),
+                consumed: counter!(CONSUMED.name, "tier" => t),
+                admitted: counter!(ADMITTED.name, "tier" => t),
+                refused: REASONS.map(|r| counter!(REFUSED.name, "tier" => t, "reason" => r)),
+                shed: REASONS.map(|r| counter!(SHED.name, "tier" => t, "reason" => r)),
+                deferred: counter!(DEFERRED.name, "tier" => t),
+                expired: counter!(EXPIRED.name, "tier" => t),
+                completed: counter!(COMPLETED.name, "tier" => t),
+                goodput: counter!(GOODPUT.name, "tier" => t),
+                failed: counter!(FAILED.name, "tier" => t),
+                retries: counter!(RETRIES.name, "tier" => t),
+                released: counter!(RELEASED.name, "tier" => t),
+                backpressure: counter!(BACKPRESSURE.name, "tier" => t),
+                depth: gauge!(QUEUE_DEPTH.name, "tier" => t),
+                age: gauge!(QUEUE_AGE.name, "tier" => t),
+                sojourn: histogram!(SOJOURN.name, "tier" => t),
+                latency: histogram!(HANDLER_LATENCY.name, "tier" => t),
             }
         });
         Metrics {
             tiers,
-            defer_failures: counter!("triage_defer_failures_total"),
-            defer_rejected: counter!("triage_defer_rejected_total"),
-            dead_letter_retries: counter!("triage_dead_letter_retries_total"),
-            dead_letter_references: counter!("triage_dead_letter_references_total"),
-            dead_letter_rejected: counter!("triage_dead_letter_rejected_total"),
-            dead_letters_held: gauge!("triage_dead_letters_held"),
-            panics: counter!("triage_handler_panics_total"),
-            shed_level: gauge!("triage_shed_level"),
-            in_flight: gauge!("triage_in_flight"),
-            limit: gauge!("triage_concurrency_limit"),
-            held: gauge!("triage_held"),
-            reject_cost: histogram!("triage_reject_cost_seconds"),
+            defer_failures: counter!(DEFER_FAILURES.name),
+            defer_rejected: counter!(DEFER_REJECTED.name),
+            dead_letter_retries: counter!(DEAD_LETTER_RETRIES.name),
+            dead_letter_references: counter!(DEAD_LETTER_REFERENCES.name),
+            dead_letter_rejected: counter!(DEAD_LETTER_REJECTED.name),
+            dead_letters_held: gauge!(DEAD_LETTERS_HELD.name),
+            panics: counter!(PANICS.name),
+            shed_level: gauge!(SHED_LEVEL.name),
+            in_flight: gauge!(IN_FLIGHT.name),
+            limit: gauge!(CONCURRENCY_LIMIT.name),
+            held: gauge!(HELD.name),
+            reject_cost: histogram!(REJECT_COST.name),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The table in the module docs and the definitions name the same metrics, each once.
+    #[test]
+    fn docs_table_and_definitions_agree() {
+        let defined: Vec<&str> = ALL.iter().map(|d| d.name).collect();
+        let unique: BTreeSet<&str> = defined.iter().copied().collect();
+        assert_eq!(unique.len(), defined.len(), "a metric defined twice");
+        let documented: BTreeSet<&str> = include_str!("metrics.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! | `"))
+            .filter_map(|l| l.split('`').next())
+            .collect();
+        assert_eq!(documented, unique);
+    }
+
+    #[test]
+    fn histograms_have_increasing_buckets_and_others_none() {
+        for def in ALL {
+            if def.kind == Kind::Histogram {
+                assert!(def.name.ends_with("_seconds"), "{}", def.name);
+                assert!(!def.buckets.is_empty(), "{}", def.name);
+                assert!(
+                    def.buckets.windows(2).all(|w| w[0] < w[1]),
+                    "{}: {:?}",
+                    def.name,
+                    def.buckets
+                );
+            } else {
+                assert!(def.buckets.is_empty(), "{}", def.name);
+            }
+            assert!(!def.help.is_empty(), "{}", def.name);
         }
     }
 }

@@ -26,8 +26,83 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use metrics::Counter;
+use metrics::{Counter, Unit};
 use triage::ledger::Disposition;
+
+/// Every metric's `# HELP` text, beside its name (all are counters).
+const HELP: [(&str, &str); 15] = [
+    (
+        "triage_amqp_deliveries_total",
+        "Deliveries taken from the consumer, by queue.",
+    ),
+    (
+        "triage_amqp_redelivered_total",
+        "Deliveries that carried the redelivered flag (processed normally), by queue.",
+    ),
+    (
+        "triage_amqp_unclassified_total",
+        "Deliveries given the default tier, by queue and reason (missing, unknown, malformed).",
+    ),
+    (
+        "triage_amqp_oversize_total",
+        "Deliveries above max_payload_bytes, rejected to the dead-letter exchange unseen, by queue.",
+    ),
+    (
+        "triage_amqp_acks_total",
+        "Deliveries settled with basic.ack, by queue and disposition.",
+    ),
+    (
+        "triage_amqp_ack_frames_total",
+        "basic.ack frames sent (one multiple frame settles many deliveries), by queue.",
+    ),
+    (
+        "triage_amqp_rejects_total",
+        "Deliveries settled with basic.reject without requeue (to the dead-letter exchange), by queue.",
+    ),
+    (
+        "triage_amqp_requeues_total",
+        "Deliveries released without a disposition (basic.nack with requeue), by queue.",
+    ),
+    (
+        "triage_amqp_stale_settles_total",
+        "Settles ignored because the delivery's channel is gone (the broker redelivers it), by queue.",
+    ),
+    (
+        "triage_amqp_duplicate_settles_total",
+        "Second settles of one delivery, ignored, by queue.",
+    ),
+    (
+        "triage_amqp_settle_errors_total",
+        "Settle frames the client could not send (channel closing; the broker redelivers), by queue.",
+    ),
+    (
+        "triage_amqp_reconnects_total",
+        "Consumer channels opened after the first one, by queue.",
+    ),
+    (
+        "triage_amqp_connect_failures_total",
+        "Failed connection or channel set-up attempts, by queue.",
+    ),
+    (
+        "triage_amqp_dropped_buffered_total",
+        "Deliveries still buffered from a closed channel, dropped unseen (the broker already requeued them), by queue.",
+    ),
+    (
+        "triage_amqp_published_total",
+        "Defer and dead-letter publishes, by queue and outcome (confirmed, nacked, returned, timeout, unavailable).",
+    ),
+];
+
+/// Gives every metric above its `# HELP` text on the installed recorder (a no-op without
+/// one). Called when a source or sink is created, so a recorder installed before that (as
+/// `triage::observe::serve` is) has the descriptions.
+pub(crate) fn describe() {
+    metrics::with_recorder(|recorder| {
+        for (name, help) in HELP {
+            recorder.describe_counter(name.into(), Some(Unit::Count), help.into());
+        }
+    });
+}
 
 /// Counts of one [`AmqpSource`](crate::AmqpSource), read with
 /// [`AmqpSource::stats`](crate::AmqpSource::stats).
@@ -83,6 +158,7 @@ macro_rules! counters {
 
         impl SourceMetrics {
             pub(crate) fn new(queue: &str) -> Arc<Self> {
+                describe();
                 let q = queue.to_owned();
                 Arc::new(SourceMetrics {
                     $($field: Stat::new(metrics::counter!($name, "queue" => q.clone())),)*
@@ -185,4 +261,58 @@ impl Stat {
 pub(crate) fn published(queue: &str, outcome: &'static str) {
     metrics::counter!("triage_amqp_published_total", "queue" => queue.to_owned(), "outcome" => outcome)
         .increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+
+    use super::*;
+
+    /// Every metric of this crate, registered through a Prometheus recorder, has HELP and
+    /// passes `promtool check metrics`; the HELP list and the docs' table name the same
+    /// metrics. Fails when promtool is missing: the suite installs it (`tests/tools.sh`).
+    #[test]
+    fn every_metric_has_help_and_passes_promtool() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let m = SourceMetrics::new("q");
+            m.deliveries.incr();
+            m.acked(Disposition::Completed, 1);
+            m.unclassified(Unclassified::Missing);
+            published("q.deferred", "confirmed");
+        });
+        let scrape = handle.render();
+        let helped: BTreeSet<&str> = HELP.iter().map(|(n, _)| *n).collect();
+        let documented: BTreeSet<&str> = include_str!("metrics.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! | `"))
+            .filter_map(|l| l.split('`').next())
+            .collect();
+        assert_eq!(helped, documented);
+        let families: BTreeSet<&str> = scrape
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        assert_eq!(families, helped, "{scrape}");
+        let mut child = Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run promtool ({e}): install it with tests/tools.sh"));
+        child.stdin.take().unwrap().write_all(scrape.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "promtool check metrics: {}{}\n{scrape}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

@@ -16,7 +16,7 @@
 //! | `triage_kafka_client_restarts_total` | counter | `reason` (`fatal`) | consumer clients replaced after a fatal error |
 //! | `triage_kafka_published_total` | counter | `destination` (`defer`, `dead_letter`), `result` (`ok`, `rejected`, `not_confirmed`, `unavailable`) | sink publishes by outcome |
 
-use metrics::{counter, gauge};
+use metrics::{counter, gauge, Unit};
 
 use crate::source::UnclassifiedReason;
 
@@ -38,6 +38,70 @@ pub const PAUSES_TOTAL: &str = "triage_kafka_pauses_total";
 pub const CLIENT_RESTARTS_TOTAL: &str = "triage_kafka_client_restarts_total";
 /// Counter: sink publishes, by destination and result.
 pub const PUBLISHED_TOTAL: &str = "triage_kafka_published_total";
+
+/// Every metric's `# HELP` text, beside its name: `(name, is_gauge, help)`.
+const HELP: [(&str, bool, &str); 9] = [
+    (
+        COMMITTED_OFFSET,
+        true,
+        "Last position committed by this process (the next offset to consume), by topic and partition.",
+    ),
+    (
+        COMMITS_TOTAL,
+        false,
+        "Offset commits that succeeded, by trigger (interval, revoke, shutdown).",
+    ),
+    (
+        COMMITS_FAILED_TOTAL,
+        false,
+        "Offset commits that failed or timed out (retried at the next interval), by trigger.",
+    ),
+    (
+        UNCLASSIFIED_TOTAL,
+        false,
+        "Messages whose criticality label could not be used and got the default tier, by reason.",
+    ),
+    (
+        REBALANCES_TOTAL,
+        false,
+        "Consumer-group rebalance callbacks, by kind (assign, revoke, error).",
+    ),
+    (
+        STALE_ACKS_TOTAL,
+        false,
+        "Dispositions for a partition no longer owned by this process (ignored, never stored).",
+    ),
+    (
+        PAUSES_TOTAL,
+        false,
+        "Times the assignment was paused, by cause (runtime, buffer).",
+    ),
+    (
+        CLIENT_RESTARTS_TOTAL,
+        false,
+        "Consumer clients replaced after a fatal librdkafka error, by reason.",
+    ),
+    (
+        PUBLISHED_TOTAL,
+        false,
+        "Defer and dead-letter publishes, by destination and result.",
+    ),
+];
+
+/// Gives every metric above its `# HELP` text on the installed recorder (a no-op without
+/// one). Called when a source or sink is built, so a recorder installed before that (as
+/// `triage::observe::serve` is) has the descriptions.
+pub(crate) fn describe() {
+    metrics::with_recorder(|recorder| {
+        for (name, is_gauge, help) in HELP {
+            if is_gauge {
+                recorder.describe_gauge(name.into(), None, help.into());
+            } else {
+                recorder.describe_counter(name.into(), Some(Unit::Count), help.into());
+            }
+        }
+    });
+}
 
 /// What caused an offset commit (the `trigger` label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,4 +158,67 @@ pub(crate) fn client_restart(reason: &'static str) {
 
 pub(crate) fn published(destination: &'static str, result: &'static str) {
     counter!(PUBLISHED_TOTAL, "destination" => destination, "result" => result).increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+
+    use super::*;
+
+    /// Every metric of this crate, recorded once through a Prometheus recorder, passes
+    /// `promtool check metrics` (HELP on every family, Prometheus' naming rules); the HELP
+    /// list and the docs' table name the same metrics. Fails when promtool is missing: the
+    /// suite installs it (`tests/tools.sh`).
+    #[test]
+    fn every_metric_has_help_and_passes_promtool() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            describe();
+            committed("t", 0, 1);
+            commit(CommitTrigger::Interval, true);
+            commit(CommitTrigger::Revoke, false);
+            unclassified(UnclassifiedReason::Missing);
+            rebalance("assign");
+            stale_ack();
+            pause("runtime");
+            client_restart("fatal");
+            published("defer", "ok");
+        });
+        let scrape = handle.render();
+        let helped: BTreeSet<&str> = HELP.iter().map(|(n, _, _)| *n).collect();
+        let documented: BTreeSet<&str> = include_str!("metrics.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! | `"))
+            .filter_map(|l| l.split('`').next())
+            .collect();
+        assert_eq!(helped, documented);
+        let families: BTreeSet<&str> = scrape
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        assert_eq!(families, helped, "{scrape}");
+        for (name, _, _) in HELP {
+            assert!(scrape.contains(&format!("# HELP {name} ")), "{name}:\n{scrape}");
+        }
+        let mut child = Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run promtool ({e}): install it with tests/tools.sh"));
+        child.stdin.take().unwrap().write_all(scrape.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "promtool check metrics: {}{}\n{scrape}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

@@ -95,6 +95,7 @@ impl AmqpDeferSink {
     /// Later losses are retried on the next publish.
     pub async fn connect(config: AmqpSinkConfig) -> Result<Self, AmqpError> {
         config.validate()?;
+        crate::metrics::describe();
         let live = open(&config).await?;
         Ok(AmqpDeferSink {
             inner: Arc::new(Inner {

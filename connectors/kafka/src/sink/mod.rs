@@ -74,6 +74,7 @@ impl KafkaDeferSink {
     /// the properties.
     pub fn new(config: KafkaSinkConfig) -> Result<Self, Error> {
         config.validate()?;
+        crate::metrics::describe();
         let mut client = ClientConfig::new();
         for (k, v) in config.client_properties() {
             client.set(k, v);

@@ -174,6 +174,7 @@ impl KafkaSourceBuilder {
     pub fn build(self) -> Result<KafkaSource, Error> {
         let config = self.config;
         config.validate()?;
+        crate::metrics::describe();
         for (topic, max_message_bytes) in &self.republish {
             config.fits_republish(topic, *max_message_bytes)?;
         }
