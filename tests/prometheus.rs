@@ -35,7 +35,9 @@ fn promtool_check_metrics(scrape: &str) -> (i32, String) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| {
-            panic!("cannot run promtool ({e}): install it with tests/tools.sh (Debian's prometheus)")
+            panic!(
+                "cannot run promtool ({e}): install it with tests/tools.sh (Debian's prometheus)"
+            )
         });
     child
         .stdin
@@ -126,7 +128,10 @@ async fn metrics_and_liveness_are_served() {
         .lines()
         .find(|l| l.starts_with("triage_sojourn_seconds_bucket{tier=\"critical\",le=\"+Inf\"}"))
         .unwrap_or_else(|| panic!("no +Inf bucket for critical sojourn:\n{body}"));
-    assert!(critical_sojourn_inf.ends_with(" 50"), "{critical_sojourn_inf}");
+    assert!(
+        critical_sojourn_inf.ends_with(" 50"),
+        "{critical_sojourn_inf}"
+    );
     let families = body.lines().filter(|l| l.starts_with("# TYPE ")).count();
     let helps = body.lines().filter(|l| l.starts_with("# HELP ")).count();
     assert_eq!(helps, families, "a family without HELP:\n{body}");

@@ -98,8 +98,8 @@ const fn seconds_histogram(name: &'static str, buckets: &'static [f64], help: &'
 /// default queue-age cut-offs (20, 80, 200, 400 ms) and around the usual deadline windows
 /// (100 ms to 3 s), so `histogram_quantile` resolves what admission and deadlines act on.
 const LATENCY_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.1, 0.2, 0.4, 0.8, 1.0, 1.5, 3.0,
-    5.0, 10.0,
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.1, 0.2, 0.4, 0.8, 1.0, 1.5, 3.0, 5.0,
+    10.0,
 ];
 
 /// Buckets for the reject path's cost, in seconds: 100 ns to 1 ms. A refusal is meant to cost

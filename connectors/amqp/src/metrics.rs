@@ -305,8 +305,15 @@ mod tests {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot run promtool ({e}): install it with tests/tools.sh"));
-        child.stdin.take().unwrap().write_all(scrape.as_bytes()).unwrap();
+            .unwrap_or_else(|e| {
+                panic!("cannot run promtool ({e}): install it with tests/tools.sh")
+            });
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(scrape.as_bytes())
+            .unwrap();
         let out = child.wait_with_output().unwrap();
         assert!(
             out.status.success(),

@@ -203,7 +203,10 @@ mod tests {
             .collect();
         assert_eq!(families, helped, "{scrape}");
         for (name, _, _) in HELP {
-            assert!(scrape.contains(&format!("# HELP {name} ")), "{name}:\n{scrape}");
+            assert!(
+                scrape.contains(&format!("# HELP {name} ")),
+                "{name}:\n{scrape}"
+            );
         }
         let mut child = Command::new("promtool")
             .args(["check", "metrics"])
@@ -211,8 +214,15 @@ mod tests {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot run promtool ({e}): install it with tests/tools.sh"));
-        child.stdin.take().unwrap().write_all(scrape.as_bytes()).unwrap();
+            .unwrap_or_else(|e| {
+                panic!("cannot run promtool ({e}): install it with tests/tools.sh")
+            });
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(scrape.as_bytes())
+            .unwrap();
         let out = child.wait_with_output().unwrap();
         assert!(
             out.status.success(),
