@@ -55,6 +55,7 @@ mod criticality;
 mod error;
 pub mod ledger;
 pub mod limit;
+mod loom;
 #[cfg(feature = "prometheus")]
 pub mod observe;
 pub mod queue;

@@ -1,9 +1,10 @@
 //! Weighted-fair dequeue: shares match weights, and no backlogged tier waits past the bound.
 
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use triage::admission::QueueAgeConfig;
 use triage::quanta::Clock;
-use triage::queue::{Meta, WfqConfig, WfqQueue};
+use triage::queue::{Meta, TierMask, WfqConfig, WfqQueue};
 use triage::Criticality;
 
 fn queue(capacity: usize, w: [u32; 4]) -> WfqQueue<u32> {
@@ -109,6 +110,8 @@ fn a_lone_tier_gets_everything() {
 enum Op {
     Push(Criticality),
     Pop,
+    /// A pop among the tiers whose bit is set only.
+    PopMasked(u8),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -118,14 +121,21 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Push(Criticality::Medium)),
         1 => Just(Op::Push(Criticality::Sheddable)),
         4 => Just(Op::Pop),
+        2 => (1..16u8).prop_map(Op::PopMasked),
     ]
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "proptest-regressions/queue_fairness.txt",
+        ))),
+        ..ProptestConfig::default()
+    })]
 
-    /// With tiers arriving and draining at random, a tier that stays backlogged is never
-    /// skipped for more than the stated bound.
+    /// With tiers arriving and draining at random, and pops restricted to random sets of tiers,
+    /// a tier that stays backlogged and eligible is never skipped for more than the stated bound.
     #[test]
     fn no_backlogged_tier_waits_past_the_bound(
         ops in proptest::collection::vec(op(), 1..2000),
@@ -142,12 +152,17 @@ proptest! {
                     }
                     let _ = q.push(0, Meta::new(t)).unwrap();
                 }
-                Op::Pop => {
+                Op::Pop | Op::PopMasked(_) => {
+                    let mask = match op {
+                        Op::PopMasked(bits) => TierMask::from_bits(bits),
+                        _ => TierMask::ALL,
+                    };
                     let before = q.depths();
-                    let Ok(d) = q.try_pop() else { continue };
+                    let Ok(d) = q.try_pop_masked(mask) else { continue };
                     let served = d.ready().unwrap().criticality();
                     for t in Criticality::ALL {
-                        if t == served {
+                        if t == served || !mask.contains(t) {
+                            // Served, or not eligible: its wait starts again when it is.
                             skipped[t.rank()] = 0;
                         } else if before[t] > 0 {
                             skipped[t.rank()] += 1;
@@ -161,5 +176,56 @@ proptest! {
                 }
             }
         }
+    }
+}
+
+/// Issue 10, point 7: a tier left out of pops (masked, as the runtime does when a tier has used
+/// its concurrency share) builds no credit meanwhile. After 1,000 pops restricted to Critical,
+/// every tier backlogged, no backlogged tier waits past the bound once all tiers are eligible.
+#[test]
+fn masked_pops_build_no_credit() {
+    let w = [8, 4, 2, 1];
+    let q = queue(4 * 64, w);
+    for tier in Criticality::ALL {
+        for _ in 0..64 {
+            let _ = q.push(0, Meta::new(tier)).unwrap();
+        }
+    }
+    let only_critical = TierMask::NONE.with(Criticality::Critical);
+    for _ in 0..1_000 {
+        let d = q.try_pop_masked(only_critical).unwrap().ready().unwrap();
+        assert_eq!(d.criticality(), Criticality::Critical);
+        let _ = q.push(0, Meta::new(Criticality::Critical)).unwrap();
+    }
+    // Every tier eligible again, every tier kept backlogged.
+    let mut since = [0usize; 4];
+    let mut max_skip = [0usize; 4];
+    let mut served = [0usize; 4];
+    for _ in 0..1_500 {
+        let tier = q.try_pop().unwrap().ready().unwrap().criticality();
+        let _ = q.push(0, Meta::new(tier)).unwrap();
+        served[tier.rank()] += 1;
+        for r in 0..4 {
+            if r == tier.rank() {
+                since[r] = 0;
+            } else {
+                since[r] += 1;
+                max_skip[r] = max_skip[r].max(since[r]);
+            }
+        }
+    }
+    for tier in Criticality::ALL {
+        assert!(
+            max_skip[tier.rank()] <= skip_bound(w, tier),
+            "{tier} skipped {} pops in a row after masked pops, bound {}",
+            max_skip[tier.rank()],
+            skip_bound(w, tier)
+        );
+        let share = served[tier.rank()] as f64 / 1_500.0;
+        let expected = f64::from(weight_of(w, tier)) / 15.0;
+        assert!(
+            (share - expected).abs() < 0.01,
+            "{tier}: share {share:.4} after masked pops, expected {expected:.4}"
+        );
     }
 }

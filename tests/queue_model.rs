@@ -6,6 +6,7 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use triage::admission::QueueAgeConfig;
 use triage::quanta::Clock;
 use triage::queue::{Meta, PushError, WfqConfig, WfqQueue};
@@ -72,6 +73,34 @@ impl Model {
         self.len() + extra_items <= self.capacity
             && self.bytes() + extra_bytes <= self.max_bytes.unwrap_or(usize::MAX)
     }
+    fn expired(item: &Item, now_ms: u64) -> bool {
+        matches!(item.deadline_ms, Some(d) if d <= now_ms)
+    }
+    /// Whether discarding the expired items and evicting below `rank` makes room for one item
+    /// of `size` bytes.
+    fn can_make_room(&self, rank: usize, size: usize, now_ms: u64) -> bool {
+        let live = |r: usize| self.tiers[r].iter().filter(|i| !Self::expired(i, now_ms));
+        let len: usize = (0..4).map(|r| live(r).count()).sum();
+        let bytes: usize = (0..4).flat_map(live).map(|i| i.size).sum();
+        let lower_items: usize = (0..rank).map(|r| live(r).count()).sum();
+        let lower_bytes: usize = (0..rank).flat_map(live).map(|i| i.size).sum();
+        let need_slot = len >= self.capacity;
+        let need_bytes = (bytes + size).saturating_sub(self.max_bytes.unwrap_or(usize::MAX));
+        !((need_slot && lower_items == 0) || lower_bytes < need_bytes)
+    }
+    /// Removes and returns the ids of every expired item.
+    fn remove_expired(&mut self, now_ms: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        for tier in &mut self.tiers {
+            out.extend(
+                tier.iter()
+                    .filter(|i| Self::expired(i, now_ms))
+                    .map(|i| i.id),
+            );
+            tier.retain(|i| !Self::expired(i, now_ms));
+        }
+        out
+    }
     /// Newest of the lowest non-empty tier strictly below `rank`.
     fn evict_below(&mut self, rank: usize) -> Option<Item> {
         (0..rank)
@@ -130,9 +159,33 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                     meta = meta.deadline(origin + Duration::from_millis(d));
                 }
                 let rank = tier.rank();
+                // A push that needs room first discards every expired item, if that (with
+                // evictions below) makes room; otherwise nothing is removed.
+                // (Admission refuses before any of that.)
+                let makes_room =
+                    !model.fits(1, item.size) && model.can_make_room(rank, item.size, now_ms);
                 match queue.push(id, meta) {
-                    Ok(evicted) => {
-                        let evicted: Vec<u64> = evicted.map(|e| e.into_inner()).collect();
+                    Ok(removed) => {
+                        let mut expected_expired = Vec::new();
+                        if makes_room {
+                            expected_expired = model.remove_expired(now_ms);
+                        }
+                        let mut expired = Vec::new();
+                        let mut evicted = Vec::new();
+                        for r in removed {
+                            if r.is_expired() {
+                                expired.push(r.into_inner());
+                            } else {
+                                evicted.push(r.into_inner());
+                            }
+                        }
+                        expired.sort_unstable();
+                        expected_expired.sort_unstable();
+                        prop_assert_eq!(
+                            &expired,
+                            &expected_expired,
+                            "a push into a full queue discards exactly the expired items"
+                        );
                         let mut expected = Vec::new();
                         while !model.fits(1, item.size) {
                             let victim = model.evict_below(rank);
@@ -152,6 +205,10 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                     }
                     Err(PushError::Full(back)) => {
                         prop_assert_eq!(back, id);
+                        prop_assert!(
+                            !makes_room,
+                            "refused as full although discarding the expired and evicting would make room"
+                        );
                         let lower_items: usize =
                             model.tiers[..rank].iter().map(VecDeque::len).sum();
                         let lower_bytes: usize =
@@ -259,7 +316,13 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 512,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "proptest-regressions/queue_model.txt",
+        ))),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn queue_follows_the_model(actions in proptest::collection::vec(action(), 1..300)) {
@@ -270,4 +333,51 @@ proptest! {
     fn queue_follows_the_model_with_admission(actions in proptest::collection::vec(action(), 1..300)) {
         run(actions, true)?;
     }
+}
+
+/// Issue 10, point 6: expired items do not hold the room. A push into a full queue discards
+/// what has expired first (handed back as expired), then evicts or refuses by the usual rule.
+#[test]
+fn expired_items_do_not_hold_the_room() {
+    let (clock, mock) = Clock::mock();
+    let deadline = clock.now() + Duration::from_millis(10);
+    let queue = WfqQueue::with_clock(config(2, None, [8, 4, 2, 1], false), clock).unwrap();
+    // Full of Critical items that will expire: nothing lower to evict.
+    for id in 0..2u64 {
+        let meta = Meta::new(Criticality::Critical).deadline(deadline);
+        assert!(queue.push(id, meta).unwrap().is_empty());
+    }
+    mock.increment(Duration::from_millis(10));
+    // A live Critical push is taken; both dead items come back, as expired.
+    let removed: Vec<(u64, bool)> = queue
+        .push(2, Meta::new(Criticality::Critical))
+        .unwrap_or_else(|_| panic!("expired items must not refuse a live push"))
+        .map(|r| (r.is_expired(), r.into_inner()))
+        .map(|(expired, id)| (id, expired))
+        .collect();
+    assert_eq!(removed, vec![(0, true), (1, true)]);
+    assert_eq!(queue.len(), 1);
+    let stats = queue.stats();
+    assert_eq!(stats.tier(Criticality::Critical).expired, 2);
+    assert!(stats.balances(), "{stats:?}");
+
+    // [live Sheddable, expired High]: a High push removes the expired High, not the Sheddable.
+    let (clock, mock) = Clock::mock();
+    let deadline = clock.now() + Duration::from_millis(10);
+    let queue = WfqQueue::with_clock(config(2, None, [8, 4, 2, 1], false), clock).unwrap();
+    assert!(queue
+        .push(10, Meta::new(Criticality::Sheddable))
+        .unwrap()
+        .is_empty());
+    let meta = Meta::new(Criticality::High).deadline(deadline);
+    assert!(queue.push(11, meta).unwrap().is_empty());
+    mock.increment(Duration::from_millis(20));
+    let removed: Vec<(u64, bool)> = queue
+        .push(12, Meta::new(Criticality::High))
+        .unwrap()
+        .map(|r| (r.is_expired(), r.into_inner()))
+        .map(|(expired, id)| (id, expired))
+        .collect();
+    assert_eq!(removed, vec![(11, true)], "the live Sheddable item stays");
+    assert_eq!(queue.depths()[Criticality::Sheddable], 1);
 }

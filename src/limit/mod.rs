@@ -25,12 +25,10 @@
 //! drive the algorithms with virtual time.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
-
+use crate::loom::{fence, AtomicUsize, Mutex, Ordering};
 use crate::Criticality;
 
 mod aimd;
@@ -160,8 +158,15 @@ pub struct ConcurrencyLimit {
 }
 
 struct Inner {
-    /// Notified when a slot is released or the limit changes, for workers waiting on a slot.
-    released: event_listener::Event,
+    /// Per tier rank, notified when a slot that tier may use is released: a release wakes
+    /// only as many waiters as it lets proceed (one per free slot), not every worker.
+    released: [event_listener::Event; 4],
+    /// Per tier rank, waiters registered on `released`. A waiter counts itself, then a
+    /// `SeqCst` fence, then its last check of `in_flight`; a release lowers `in_flight`, then a
+    /// `SeqCst` fence, then reads the count: the two fences order the pairs, so either the
+    /// check sees the free slot or the release sees the waiter (checked by
+    /// `tests/loom_queue.rs`; loom models fences exactly, `SeqCst` accesses only as `AcqRel`).
+    waiting: [AtomicUsize; 4],
     algorithm: Mutex<Limiter>,
     /// Mirror of `algorithm.limit()`, written only under the lock, so that
     /// admission never takes it.
@@ -187,7 +192,8 @@ impl ConcurrencyLimit {
         let limit = algorithm.limit();
         Self {
             inner: Arc::new(Inner {
-                released: event_listener::Event::new(),
+                released: Default::default(),
+                waiting: Default::default(),
                 algorithm: Mutex::new(algorithm),
                 limit: AtomicUsize::new(limit),
                 in_flight: AtomicUsize::new(0),
@@ -225,9 +231,67 @@ impl ConcurrencyLimit {
         crate::queue::TierMask::from_bits(mask)
     }
 
-    /// A listener woken when a slot is released or the limit changes.
-    pub(crate) fn listen(&self) -> event_listener::EventListener {
-        self.inner.released.listen()
+    /// Takes a slot for one `tier` job, waiting (async) while [`allowed`](Self::allowed) jobs
+    /// are in flight. A release wakes one waiter per slot it frees, not every waiter.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the permit is taken only in the poll that returns it, and a wake-up the
+    /// dropped future had received passes to another waiter.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use triage::limit::{ConcurrencyLimit, Fixed, TierShares};
+    /// use triage::Criticality;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let limit = ConcurrencyLimit::new(Fixed::new(1)?.into(), TierShares::default());
+    /// let first = limit.acquire(Criticality::High).await;
+    /// let second = tokio::spawn({
+    ///     let limit = limit.clone();
+    ///     async move { limit.acquire(Criticality::High).await.in_flight_at_start() }
+    /// });
+    /// drop(first); // wakes the waiting task
+    /// assert_eq!(second.await.unwrap(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn acquire(&self, tier: Criticality) -> Permit {
+        loop {
+            if let Some(p) = self.try_acquire(tier) {
+                return p;
+            }
+            let released = self.listen(tier);
+            if let Some(p) = self.try_acquire(tier) {
+                return p;
+            }
+            released.await;
+        }
+    }
+
+    /// A waiter for a slot that a `tier` job may use, counted until dropped: woken when a
+    /// release frees such a slot. Take it before the last [`try_acquire`](Self::try_acquire)
+    /// (or the last check of [`allowed_mask`](Self::allowed_mask)), then await it.
+    pub(crate) fn listen(&self, tier: Criticality) -> SlotListener<'_> {
+        let rank = tier.rank();
+        self.inner.waiting[rank].fetch_add(1, Ordering::Relaxed);
+        let listener = SlotListener {
+            waiting: &self.inner.waiting[rank],
+            listener: self.inner.released[rank].listen(),
+        };
+        fence(Ordering::SeqCst);
+        listener
+    }
+
+    /// Among `tiers`, the one allowed the most jobs at the current limit (the first that a
+    /// release lets through), or `None` if `tiers` is empty.
+    pub(crate) fn most_allowed(&self, tiers: crate::queue::TierMask) -> Option<Criticality> {
+        let limit = self.limit();
+        Criticality::ALL
+            .into_iter()
+            .filter(|t| tiers.contains(*t))
+            .max_by_key(|t| (self.inner.shares.allowed(limit, *t), t.rank()))
     }
 
     /// The shares of the limit per tier.
@@ -243,9 +307,8 @@ impl ConcurrencyLimit {
     pub fn try_acquire(&self, tier: Criticality) -> Option<Permit> {
         let allowed = self.allowed(tier);
         let in_flight = &self.inner.in_flight;
-        // Relaxed suffices: the count is the only datum guarded, and the CAS
-        // alone orders increments against each other; no other memory is
-        // published through it.
+        // Relaxed suffices: the count is the only datum guarded, and the CAS alone orders
+        // increments against each other; a waiter's fence orders its check (see `Inner`).
         let mut current = in_flight.load(Ordering::Relaxed);
         loop {
             if current >= allowed {
@@ -322,8 +385,70 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.inner.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.inner.released.notify(usize::MAX);
+        let in_flight = self.inner.in_flight.fetch_sub(1, Ordering::Relaxed) - 1;
+        // Pairs with the fence in `listen` (see `Inner::waiting`).
+        fence(Ordering::SeqCst);
+        self.inner.wake(in_flight);
+    }
+}
+
+impl Inner {
+    /// After a release left `in_flight` jobs running: wakes at most one waiter per free slot,
+    /// each of a tier allowed to use one, most critical tier first (a tier's share decides
+    /// which jobs may start; which waiter takes a slot is the queue's weighted-fair order,
+    /// decided again by whoever pops). A woken waiter that loses the slot to a racing
+    /// `try_acquire` loses nothing: the winner's release wakes again.
+    fn wake(&self, in_flight: usize) {
+        let limit = self.limit.load(Ordering::Relaxed);
+        let mut free = limit.saturating_sub(in_flight);
+        for tier in Criticality::ALL {
+            if free == 0 {
+                return;
+            }
+            let rank = tier.rank();
+            let waiting = self.waiting[rank].load(Ordering::Relaxed);
+            if waiting == 0 {
+                continue;
+            }
+            let room = self.shares.allowed(limit, tier).saturating_sub(in_flight);
+            let n = free.min(waiting).min(room);
+            if n > 0 {
+                // "At least n notified": listeners notified but not yet woken count, so
+                // back-to-back releases do not wake more than can proceed.
+                self.released[rank].notify(n);
+                free -= n;
+            }
+        }
+    }
+}
+
+/// A registered waiter for a concurrency slot (see [`ConcurrencyLimit::listen`]): a future
+/// that completes when a release may let its tier proceed. Uncounted on drop.
+pub(crate) struct SlotListener<'a> {
+    waiting: &'a AtomicUsize,
+    listener: event_listener::EventListener,
+}
+
+impl std::future::Future for SlotListener<'_> {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        std::pin::Pin::new(&mut self.listener).poll(cx)
+    }
+}
+
+impl Drop for SlotListener<'_> {
+    fn drop(&mut self) {
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl fmt::Debug for SlotListener<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlotListener").finish_non_exhaustive()
     }
 }
 
@@ -420,6 +545,41 @@ mod tests {
         assert_eq!(p.record(Duration::from_millis(5), true), 18);
         drop(permits);
         assert_eq!(limit.in_flight(), 0);
+    }
+
+    /// Polls each listener once and drops those notified: how many were.
+    fn take_notified<L: std::future::Future + Unpin>(listeners: &mut Vec<L>) -> usize {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let before = listeners.len();
+        listeners.retain_mut(|l| std::pin::Pin::new(l).poll(&mut cx).is_pending());
+        before - listeners.len()
+    }
+
+    /// Issue 10, point 8: one completion frees one slot, so it wakes one waiter, not all.
+    #[test]
+    fn one_release_wakes_one_waiter() {
+        let limit = ConcurrencyLimit::new(Fixed::new(2).unwrap().into(), TierShares::default());
+        let a = limit.try_acquire(Criticality::Critical).unwrap();
+        let b = limit.try_acquire(Criticality::Critical).unwrap();
+        let mut waiters: Vec<_> = (0..8)
+            .map(|_| Box::pin(limit.listen(Criticality::Critical)))
+            .collect();
+        assert_eq!(take_notified(&mut waiters), 0);
+        drop(a);
+        assert_eq!(
+            take_notified(&mut waiters),
+            1,
+            "one free slot, one waiter woken"
+        );
+        // The woken waiter takes the slot; the next release frees one again.
+        let _c = limit.try_acquire(Criticality::Critical).unwrap();
+        b.record(Duration::from_millis(1), false);
+        assert_eq!(
+            take_notified(&mut waiters),
+            1,
+            "one free slot, one waiter woken"
+        );
+        assert_eq!(waiters.len(), 6);
     }
 
     #[test]

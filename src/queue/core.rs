@@ -9,7 +9,9 @@ use quanta::Instant;
 use smallvec::SmallVec;
 
 use super::scheduler::Stride;
-use super::{Dequeued, Entry, Evictions, Meta, PushError, QueueStats, RefuseReason, TierStats};
+use super::{
+    Dequeued, Entry, Evictions, Meta, PushError, QueueStats, RefuseReason, Removed, TierStats,
+};
 use crate::Criticality;
 
 pub(crate) struct Core<T> {
@@ -24,6 +26,10 @@ pub(crate) struct Core<T> {
     sched: Stride,
     stats: [TierStats; 4],
     closed: bool,
+    /// At or before every deadline held (a lower bound: serving the earliest does not raise
+    /// it). A push that needs room looks for expired items only once this has passed, so a
+    /// full queue of live items pays one comparison, not a scan.
+    earliest_deadline: Option<Instant>,
 }
 
 impl<T> Core<T> {
@@ -38,6 +44,7 @@ impl<T> Core<T> {
             sched: Stride::new(weights),
             stats: [TierStats::default(); 4],
             closed: false,
+            earliest_deadline: None,
         }
     }
 
@@ -52,7 +59,7 @@ impl<T> Core<T> {
     }
 
     #[inline]
-    fn backlogged(&self) -> u8 {
+    pub(crate) fn backlogged(&self) -> u8 {
         let mut mask = 0;
         for (rank, q) in self.tiers.iter().enumerate() {
             if !q.is_empty() {
@@ -75,15 +82,18 @@ impl<T> Core<T> {
         PushError::new(reason, item)
     }
 
-    /// Pushes `item`, evicting the newest items of the lowest tiers strictly below it if the
-    /// queue is full. All-or-nothing: if the room cannot be made, nothing is evicted.
+    /// Pushes `item`, making room if the queue is full: first by discarding every expired item
+    /// (a deadline at or before `now`, or before `precise()` when the earliest deadline is
+    /// close), then by evicting the newest items of the lowest tiers strictly below it.
+    /// All-or-nothing: if the room cannot be made, nothing is removed.
     /// On success also says whether the item became its tier's head (the tier was empty), the
     /// only way a push changes the queue ages.
     pub(crate) fn push(
         &mut self,
         item: T,
         meta: Meta,
-        now: impl FnOnce() -> Instant,
+        now: Instant,
+        precise: impl FnOnce() -> Instant,
     ) -> Result<(Evictions<T>, bool), PushError<T>> {
         let rank = meta.criticality.rank();
         if self.closed {
@@ -94,28 +104,33 @@ impl<T> Core<T> {
         if size > max_bytes {
             return Err(self.refuse(RefuseReason::TooLarge, meta.criticality, item));
         }
-        let need_slot = self.len >= self.capacity;
-        let need_bytes = (self.total_bytes + size).saturating_sub(max_bytes);
-        let mut evicted = SmallVec::new();
-        if need_slot || need_bytes > 0 {
-            let lower_items: usize = self.tiers[..rank].iter().map(VecDeque::len).sum();
-            let lower_bytes: usize = self.bytes[..rank].iter().sum();
-            if (need_slot && lower_items == 0) || lower_bytes < need_bytes {
+        let mut removed = SmallVec::new();
+        if self.len >= self.capacity || self.total_bytes + size > max_bytes {
+            let expiry = self.expiry_cutoff(now, precise);
+            if !self.can_make_room(rank, size, max_bytes, expiry) {
                 return Err(self.refuse(RefuseReason::Full, meta.criticality, item));
+            }
+            if let Some(cutoff) = expiry {
+                self.remove_expired(cutoff, &mut removed);
             }
             while self.len >= self.capacity || self.total_bytes + size > max_bytes {
                 match self.evict_below(rank) {
-                    Some(e) => evicted.push(e),
+                    Some(e) => removed.push(Removed::Evicted(e)),
                     // Unreachable given the check above; refusing keeps the bound regardless.
                     None => return Err(self.refuse(RefuseReason::Full, meta.criticality, item)),
                 }
+            }
+        }
+        if let Some(d) = meta.deadline {
+            if self.earliest_deadline.is_none_or(|e| d < e) {
+                self.earliest_deadline = Some(d);
             }
         }
         let was_empty = self.tiers[rank].is_empty();
         self.tiers[rank].push_back(Entry {
             item,
             meta,
-            enqueued_at: now(),
+            enqueued_at: now,
         });
         if was_empty {
             self.sched.activate(rank);
@@ -124,7 +139,79 @@ impl<T> Core<T> {
         self.bytes[rank] += size;
         self.total_bytes += size;
         self.stats[rank].pushed += 1;
-        Ok((Evictions::from_vec(evicted), was_empty))
+        Ok((Evictions::from_vec(removed), was_empty))
+    }
+
+    /// The instant at or before which a held deadline has passed, if any held deadline may
+    /// have: `None` when the earliest deadline is still ahead (the common case, no scan).
+    fn expiry_cutoff(&self, now: Instant, precise: impl FnOnce() -> Instant) -> Option<Instant> {
+        let earliest = self.earliest_deadline?;
+        if earliest <= now {
+            return Some(now);
+        }
+        let precise = precise();
+        (earliest <= precise).then_some(precise)
+    }
+
+    /// Whether discarding the items expired at `expiry` and evicting below `rank` would make
+    /// room for one item of `size` bytes.
+    fn can_make_room(
+        &self,
+        rank: usize,
+        size: usize,
+        max_bytes: usize,
+        expiry: Option<Instant>,
+    ) -> bool {
+        let mut expired_items = 0;
+        let mut expired_bytes = 0;
+        let mut expired_lower_items = 0;
+        let mut expired_lower_bytes = 0;
+        if let Some(cutoff) = expiry {
+            for (r, tier) in self.tiers.iter().enumerate() {
+                for e in tier.iter().filter(|e| e.is_expired(cutoff)) {
+                    expired_items += 1;
+                    expired_bytes += e.meta.size_bytes;
+                    if r < rank {
+                        expired_lower_items += 1;
+                        expired_lower_bytes += e.meta.size_bytes;
+                    }
+                }
+            }
+        }
+        let len = self.len - expired_items;
+        let bytes = self.total_bytes - expired_bytes;
+        let lower_items: usize =
+            self.tiers[..rank].iter().map(VecDeque::len).sum::<usize>() - expired_lower_items;
+        let lower_bytes: usize = self.bytes[..rank].iter().sum::<usize>() - expired_lower_bytes;
+        let need_slot = len >= self.capacity;
+        let need_bytes = (bytes + size).saturating_sub(max_bytes);
+        !((need_slot && lower_items == 0) || lower_bytes < need_bytes)
+    }
+
+    /// Takes out every item expired at `cutoff`, lowest tier first and oldest first within a
+    /// tier, and makes `earliest_deadline` exact again.
+    #[cold]
+    fn remove_expired(&mut self, cutoff: Instant, out: &mut SmallVec<[Removed<T>; 1]>) {
+        let mut earliest: Option<Instant> = None;
+        for rank in 0..self.tiers.len() {
+            // Rotate the tier once through itself: live items keep their order, no allocation.
+            for _ in 0..self.tiers[rank].len() {
+                let Some(e) = self.tiers[rank].pop_front() else {
+                    break;
+                };
+                if e.is_expired(cutoff) {
+                    self.take_out(rank, &e);
+                    self.stats[rank].expired += 1;
+                    out.push(Removed::Expired(e));
+                } else {
+                    if let Some(d) = e.meta.deadline {
+                        earliest = Some(earliest.map_or(d, |x| x.min(d)));
+                    }
+                    self.tiers[rank].push_back(e);
+                }
+            }
+        }
+        self.earliest_deadline = earliest;
     }
 
     /// Removes the newest item of the lowest non-empty tier strictly below `rank`.
@@ -217,6 +304,7 @@ impl<T> Core<T> {
     /// Closes the queue and hands back everything it holds, most critical first, oldest first.
     pub(crate) fn close(&mut self) -> Vec<Entry<T>> {
         self.closed = true;
+        self.earliest_deadline = None;
         let mut out = Vec::with_capacity(self.len);
         for rank in (0..4).rev() {
             let n = self.tiers[rank].len() as u64;

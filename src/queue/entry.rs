@@ -175,17 +175,70 @@ impl<T> Dequeued<T> {
     }
 }
 
-/// Items evicted to make room for a push, newest of the lowest tier first.
+/// An item a push took out of a full queue to make room, and why.
+#[must_use = "a removed item must be recorded: shed or deferred if evicted, expired if expired"]
+pub enum Removed<T> {
+    /// Evicted for a more critical item: the newest of the lowest non-empty tier below it.
+    /// Record it as shed, or defer it.
+    Evicted(Entry<T>),
+    /// Its deadline had passed: discarded before anything live was evicted. Record it as
+    /// expired; it was never served.
+    Expired(Entry<T>),
+}
+
+impl<T> Removed<T> {
+    /// The entry, whichever variant.
+    pub fn into_entry(self) -> Entry<T> {
+        match self {
+            Removed::Evicted(e) | Removed::Expired(e) => e,
+        }
+    }
+
+    /// The entry, whichever variant.
+    pub fn entry(&self) -> &Entry<T> {
+        match self {
+            Removed::Evicted(e) | Removed::Expired(e) => e,
+        }
+    }
+
+    /// The item, whichever variant.
+    pub fn into_inner(self) -> T {
+        self.into_entry().into_inner()
+    }
+
+    /// The item, whichever variant.
+    pub fn item(&self) -> &T {
+        self.entry().item()
+    }
+
+    /// Whether it is the expired variant.
+    pub fn is_expired(&self) -> bool {
+        matches!(self, Removed::Expired(_))
+    }
+}
+
+impl<T> std::fmt::Debug for Removed<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Removed::Evicted(e) => f.debug_tuple("Evicted").field(e).finish(),
+            Removed::Expired(e) => f.debug_tuple("Expired").field(e).finish(),
+        }
+    }
+}
+
+/// Items a push removed to make room: first every expired item (as [`Removed::Expired`], most
+/// critical tier last, oldest first within a tier), then the evicted ones (as
+/// [`Removed::Evicted`], newest of the lowest tier first).
 ///
-/// A count-bounded queue evicts at most one item per push, so this holds one item inline
-/// without allocating; a byte budget may evict several.
-#[must_use = "evicted items must be recorded (shed or deferred), not dropped"]
+/// A count-bounded queue with no expired items evicts at most one item per push, so this holds
+/// one item inline without allocating; a byte budget, or expired items, may remove several.
+#[must_use = "removed items must be recorded (shed, deferred or expired), not dropped"]
 pub struct Evictions<T> {
-    items: smallvec::IntoIter<[Entry<T>; 1]>,
+    items: smallvec::IntoIter<[Removed<T>; 1]>,
 }
 
 impl<T> Evictions<T> {
-    pub(crate) fn from_vec(items: SmallVec<[Entry<T>; 1]>) -> Self {
+    pub(crate) fn from_vec(items: SmallVec<[Removed<T>; 1]>) -> Self {
         Evictions {
             items: items.into_iter(),
         }
@@ -198,9 +251,9 @@ impl<T> Evictions<T> {
 }
 
 impl<T> Iterator for Evictions<T> {
-    type Item = Entry<T>;
+    type Item = Removed<T>;
 
-    fn next(&mut self) -> Option<Entry<T>> {
+    fn next(&mut self) -> Option<Removed<T>> {
         self.items.next()
     }
 

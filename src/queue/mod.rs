@@ -6,7 +6,9 @@
 //!   of weighted fair queuing: with every tier backlogged each tier gets `weight / sum(weights)`
 //!   of the dequeues, interleaved, default 8/4/2/1. Lower tiers slow down but never starve: a
 //!   backlogged tier of weight `w_i` is skipped at most `sum over j != i of (ceil(w_j/w_i) + 1)`
-//!   consecutive dequeues (17 for Sheddable under 8/4/2/1). The weighted-fair-queue sketch in the
+//!   consecutive dequeues (17 for Sheddable under 8/4/2/1). A tier left out of a pop by its
+//!   [`TierMask`] builds no credit meanwhile: when it is eligible again it starts at the
+//!   virtual time, like a tier that has just become backlogged. The weighted-fair-queue sketch in the
 //!   load-shedding article this design started from drains
 //!   strictly by priority and ignores its own weights; this one does not.
 //! - **Evict the newest of the lowest tier when full.** A push into a full queue evicts the
@@ -14,6 +16,9 @@
 //!   newest because the oldest has already waited and is closest to being served, and the
 //!   lowest because that is the ladder's promise. With nothing below, the push is refused.
 //!   Either way the item comes back to the caller; nothing is dropped inside the queue.
+//!   Expired items never hold the room: a push into a full queue first discards every item
+//!   whose deadline has passed (handed back as [`Removed::Expired`]), and only then evicts or
+//!   refuses by the rule above.
 //! - **Discard what has expired at dequeue.** An item whose deadline passed while it waited is
 //!   handed back as [`Dequeued::Expired`]: free to drop, impossible to help. It is not charged
 //!   to its tier's share.
@@ -44,7 +49,7 @@ mod time;
 mod wfq;
 
 pub use config::{Weight, WeightError, WfqConfig, MAX_CAPACITY, MAX_WEIGHT};
-pub use entry::{Dequeued, Entry, Evictions, Meta};
+pub use entry::{Dequeued, Entry, Evictions, Meta, Removed};
 pub use error::{Closed, PopTimeoutError, PushError, RefuseReason, TryPopError};
 pub use stats::{QueueStats, TierStats};
 pub use wfq::{TierMask, WfqQueue};

@@ -11,6 +11,12 @@
 //! time is the pass of the last tier served (start-time fair queuing's rule). This is what keeps
 //! a tier from starving while the others come and go.
 //!
+//! The same holds for a tier that is backlogged but left out of a pop by its mask (the runtime
+//! masks a tier that has used its share of the concurrency limit): while excluded it is not
+//! competing, so it is treated as idle, and when it becomes eligible again its pass is raised to
+//! the virtual time. Without this, 1,000 pops restricted to Critical left every lower tier
+//! hundreds of strides of credit, served in a burst ahead of a backlogged Critical.
+//!
 //! **Bound on waiting.** Between two services of a backlogged tier `i`, each other tier `j` is
 //! served at most `ceil(w_j / w_i) + 1` times, so `i` is skipped for at most
 //! `sum over j != i of (ceil(w_j / w_i) + 1)` consecutive dequeues: 17 for Sheddable under
@@ -33,6 +39,9 @@ pub(crate) struct Stride {
     /// Indexed by rank.
     pass: [u64; 4],
     vtime: u64,
+    /// Tiers that were candidates (backlogged and in the mask) at the last pick: a tier not
+    /// among them is activated when it becomes one.
+    eligible: u8,
 }
 
 impl Stride {
@@ -41,6 +50,7 @@ impl Stride {
             stride: [0; 4],
             pass: [0; 4],
             vtime: 0,
+            eligible: 0,
         };
         s.set_weights(weights);
         // Start each tier half a stride in, so the first round interleaves like every other
@@ -66,13 +76,24 @@ impl Stride {
         }
     }
 
-    /// The backlogged tier to serve next. `backlogged` has bit `rank` set per non-empty tier.
+    /// The tier to serve next among `candidates`: bit `rank` set per tier that is backlogged
+    /// and allowed by the pop's mask. A candidate that was not one at the previous pick starts
+    /// at the virtual time, like a tier that has just become backlogged.
     #[inline]
-    pub(crate) fn pick(&self, backlogged: u8) -> Option<usize> {
+    pub(crate) fn pick(&mut self, candidates: u8) -> Option<usize> {
+        let newly = candidates & !self.eligible;
+        self.eligible = candidates;
+        if newly != 0 {
+            for rank in 0..Criticality::COUNT {
+                if newly & (1 << rank) != 0 {
+                    self.activate(rank);
+                }
+            }
+        }
         let mut best: Option<usize> = None;
         // From the top so that ties go to the more critical tier.
         for rank in (0..Criticality::COUNT).rev() {
-            if backlogged & (1 << rank) == 0 {
+            if candidates & (1 << rank) == 0 {
                 continue;
             }
             match best {

@@ -1,11 +1,9 @@
 //! `WfqQueue`: the thread-safe bounded weighted-fair queue.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 use event_listener::{Event, IntoNotification, Listener};
-use parking_lot::Mutex;
 use quanta::{Clock, Instant};
 
 use super::core::Core;
@@ -14,6 +12,7 @@ use super::{
     WfqConfig,
 };
 use crate::admission::{admits_at, QueueAgeAdmission};
+use crate::loom::{AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering};
 use crate::{ConfigError, Criticality, PerTier};
 
 /// Shed level that refuses every tier because the queue is closed (levels 0..=4 are admission's).
@@ -65,6 +64,12 @@ impl TierMask {
     #[must_use]
     pub const fn with(self, tier: Criticality) -> TierMask {
         TierMask(self.0 | (1 << tier.rank()))
+    }
+
+    /// The tiers of this set that are not in `other`.
+    #[must_use]
+    pub const fn without(self, other: TierMask) -> TierMask {
+        TierMask(self.0 & !other.0)
     }
 
     /// Whether `tier` is in the set.
@@ -227,22 +232,17 @@ impl<T> WfqQueue<T> {
             self.overloaded[tier.rank()].fetch_add(1, Ordering::Relaxed);
             return Err(PushError::Overloaded(item));
         }
+        let now = self.now();
         let mut st = self.state.lock();
-        let mut now = None;
-        let res = st.core.push(item, meta, || {
-            let t = self.now();
-            now = Some(t);
-            t
-        });
+        let res = st.core.push(item, meta, now, || self.clock.now());
         match res {
             Ok((evicted, new_head)) => {
                 // Ages change only when a head changes or time moves; recent time moves once a
                 // millisecond, so most pushes under load skip the re-evaluation exactly.
-                match now {
-                    Some(now) if new_head || !evicted.is_empty() || now != st.observed_at => {
-                        self.observe(&mut st, now);
-                    }
-                    _ => self.len.store(st.core.len(), Ordering::Relaxed),
+                if new_head || !evicted.is_empty() || now != st.observed_at {
+                    self.observe(&mut st, now);
+                } else {
+                    self.len.store(st.core.len(), Ordering::Relaxed);
                 }
                 drop(st);
                 if self.waiters.load(Ordering::Relaxed) > 0 {
@@ -515,6 +515,11 @@ impl<T> WfqQueue<T> {
     /// [`wait_registration`](Self::wait_registration) while using it.
     pub(crate) fn listen(&self) -> event_listener::EventListener {
         self.not_empty.listen()
+    }
+
+    /// The tiers holding items now.
+    pub(crate) fn backlog(&self) -> TierMask {
+        TierMask(self.state.lock().core.backlogged())
     }
 
     /// Re-evaluates queue-age admission now. Pushes and pops already do so; call this from a

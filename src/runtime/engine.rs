@@ -13,7 +13,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::ledger::Disposition;
 use crate::limit::ConcurrencyLimit;
-use crate::queue::{Dequeued, Meta, RefuseReason, TryPopError, WfqQueue};
+use crate::queue::{Dequeued, Meta, RefuseReason, Removed, TryPopError, WfqQueue};
 use crate::runtime::item::{Accounts, Item};
 use crate::runtime::metrics::{reason_index, EVICTED};
 use crate::runtime::{
@@ -163,7 +163,15 @@ impl<T: Send + Sync + 'static> Inner<T> {
                     self.accounts.admitted[tier.rank()].fetch_add(1, Ordering::Relaxed);
                 }
                 let mut hold = None;
-                for e in evicted {
+                for removed in evicted {
+                    let e = match removed {
+                        Removed::Evicted(e) => e,
+                        // Room made by discarding what had outlived its deadline.
+                        Removed::Expired(e) => {
+                            self.expire(e.into_inner());
+                            continue;
+                        }
+                    };
                     let victim = e.into_inner();
                     let t = victim.tier();
                     self.accounts.metrics.tiers[t].refused[EVICTED].increment(1);
@@ -379,15 +387,24 @@ impl<T: Send + Sync + 'static> Inner<T> {
             }
             let _waiting = self.queue.wait_registration();
             let on_push = self.queue.listen();
-            let on_release = self.limit.listen();
+            // Only a worker that sees work its tiers' shares hold back waits for a slot too:
+            // an idle worker over an empty queue is woken by a push, not by every completion.
+            let held_back = self.queue.backlog().without(self.limit.allowed_mask());
+            let on_release = self
+                .limit
+                .most_allowed(held_back)
+                .map(|tier| self.limit.listen(tier));
             match self.queue.try_pop_masked(self.limit.allowed_mask()) {
                 Ok(d) => return Some(d),
                 Err(TryPopError::Closed) => return None,
                 Err(_) => {}
             }
-            tokio::select! {
-                _ = on_push => {}
-                _ = on_release => {}
+            match on_release {
+                Some(on_release) => tokio::select! {
+                    _ = on_push => {}
+                    _ = on_release => {}
+                },
+                None => on_push.await,
             }
         }
     }
@@ -419,13 +436,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
     async fn serve(self: &Arc<Self>, mut item: Item<T>, enqueued_at: Instant) {
         let tier = item.tier();
         // The mask admitted this tier; another worker may have taken the last slot since.
-        let permit = loop {
-            let listener = self.limit.listen();
-            if let Some(p) = self.limit.try_acquire(tier) {
-                break p;
-            }
-            listener.await;
-        };
+        let permit = self.limit.acquire(tier).await;
         let job = Job {
             payload: item.share(),
             criticality: tier,

@@ -1,0 +1,54 @@
+//! The synchronisation primitives of the hand-written waiter protocols (the queue's
+//! `waiters`/`full_waiters` counts beside its lock, the concurrency limit's per-tier waiter
+//! counts beside its in-flight count), swapped for loom's models under `cfg(loom)` so that
+//! `tests/loom_queue.rs` explores every interleaving of them. The pattern is tokio's
+//! `tokio/src/loom/mod.rs`; `event-listener` has its own loom support, enabled by the
+//! `cfg(loom)` dependency in Cargo.toml.
+//!
+//! ```sh
+//! RUSTFLAGS="--cfg loom" cargo test --test loom_queue --release
+//! ```
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+
+/// A mutex with parking_lot's interface: `lock` returns the guard (no poisoning).
+#[derive(Debug, Default)]
+pub(crate) struct Mutex<T> {
+    #[cfg(not(loom))]
+    inner: parking_lot::Mutex<T>,
+    #[cfg(loom)]
+    inner: loom::sync::Mutex<T>,
+}
+
+#[cfg(not(loom))]
+pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+
+#[cfg(loom)]
+pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+
+impl<T> Mutex<T> {
+    pub(crate) fn new(value: T) -> Self {
+        Mutex {
+            #[cfg(not(loom))]
+            inner: parking_lot::Mutex::new(value),
+            #[cfg(loom)]
+            inner: loom::sync::Mutex::new(value),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+        #[cfg(not(loom))]
+        return self.inner.lock();
+        // A panic while the lock is held is a bug under test; loom reports it either way.
+        #[cfg(loom)]
+        return self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+    }
+}
