@@ -561,9 +561,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
             let wait = match sink.publish(item.payload(), &info).await {
                 Ok(()) => break,
                 Err(e) if e.is_permanent() => {
-                    let text = format!("dead letter refused for good: {e}; {reason}: {}", {
-                        info.error.as_deref().unwrap_or_default()
-                    });
+                    let original = info.error.as_deref().unwrap_or_default();
+                    let text = format!("dead letter refused for good: {e}; {reason}: {original}");
                     let reference =
                         self.republish_info(&item, DEAD_LETTER_REJECTED, Some(bound(text)));
                     match sink.publish_reference(item.payload(), &reference).await {

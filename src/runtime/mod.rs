@@ -365,7 +365,10 @@ impl<T: Send + Sync + 'static> Runtime<T> {
     }
 
     /// Waits until every attached source has finished (returned `None`) and every message
-    /// taken is settled: for finite sources (tests, the in-memory broker) before shutdown.
+    /// taken is settled: for finite sources (tests, the in-memory broker) before shutdown. A
+    /// message held because its dead letter is refused for good (see [`DeadLetterSink`]) is
+    /// not settled, so this waits for it too; [`stats`](Runtime::stats) shows it in
+    /// `dead_letters_held`.
     pub async fn wait_idle(&self) {
         loop {
             let pulling = self.inner.pulling.load(Ordering::Acquire);
