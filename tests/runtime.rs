@@ -1000,3 +1000,41 @@ async fn a_source_that_relies_on_a_dead_letter_sink_is_refused_without_one() {
     rt.try_attach(NeedsDeadLetters(broker.source())).unwrap();
     rt.shutdown(Duration::from_secs(1)).await;
 }
+
+/// The dead-letter path is bounded: with `max_dead_lettering` messages already in it (their
+/// sink hanging), a worker whose message fails for good waits for room (backpressure) rather
+/// than piling up tasks; shutdown releases them all.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_dead_letter_path_is_bounded_by_max_dead_lettering() {
+    let broker = MemoryBroker::new();
+    let dead = Arc::new(Hanging::default());
+    let mut c = config(1, 8);
+    c.max_dead_lettering = 1.try_into().unwrap();
+    let mut rt = Runtime::builder(c)
+        .dead_letter_sink(Arc::clone(&dead))
+        .start(|job: Job<u32>| {
+            let fails = *job.payload() < 2;
+            async move {
+                if fails {
+                    Err(HandlerError::permanent("malformed"))
+                } else {
+                    Ok(())
+                }
+            }
+        })
+        .unwrap();
+    rt.attach(broker.source());
+    for i in 0..3u32 {
+        broker.publish(i, Criticality::Critical, None);
+    }
+    // 0 is dead-lettering, 1 failed and waits in the worker, 2 is still queued behind it.
+    assert!(eventually(|| rt.stats().queued == 1 && rt.stats().alive == 3).await);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(dead.started(), 1, "one dead letter at a time");
+    assert_eq!(broker.acks().completed, 0, "the worker waits for room");
+    let report = rt.shutdown(Duration::from_secs(2)).await;
+    assert!(report.stats.balances(), "{report}");
+    assert_eq!(report.stats.alive, 0);
+    let acks = broker.acks();
+    assert_eq!((acks.released, acks.completed), (3, 0), "{acks:?}");
+}
