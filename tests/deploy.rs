@@ -18,7 +18,9 @@ fn promtool(dir: &Path, args: &[&str]) -> (i32, String) {
         .current_dir(dir)
         .output()
         .unwrap_or_else(|e| {
-            panic!("cannot run promtool ({e}): install it with tests/tools.sh (Debian's prometheus)")
+            panic!(
+                "cannot run promtool ({e}): install it with tests/tools.sh (Debian's prometheus)"
+            )
         });
     let text = format!(
         "{}{}",
@@ -81,7 +83,10 @@ fn rules_pass_promtool_check_and_their_unit_tests() {
 fn rules_and_dashboard_name_only_emitted_metrics() {
     let emitted = emitted_metrics();
     assert!(emitted.contains("triage_goodput_total"), "{emitted:?}");
-    assert!(emitted.contains("triage_kafka_committed_offset"), "{emitted:?}");
+    assert!(
+        emitted.contains("triage_kafka_committed_offset"),
+        "{emitted:?}"
+    );
     assert!(emitted.contains("triage_amqp_acks_total"), "{emitted:?}");
     let histograms: BTreeSet<String> = [
         "triage_sojourn_seconds",
@@ -99,7 +104,10 @@ fn rules_and_dashboard_name_only_emitted_metrics() {
         let referenced = referenced_metrics(&text, &histograms);
         assert!(!referenced.is_empty(), "{file}");
         let unknown: Vec<&String> = referenced.difference(&emitted).collect();
-        assert!(unknown.is_empty(), "{file} names metrics nobody emits: {unknown:?}");
+        assert!(
+            unknown.is_empty(),
+            "{file} names metrics nobody emits: {unknown:?}"
+        );
     }
 }
 
@@ -143,5 +151,8 @@ fn dashboard_shows_what_an_operator_needs_and_its_queries_parse() {
     std::fs::write(dir.join("dashboard.rules.yml"), rules).unwrap();
     let (code, out) = promtool(&dir, &["check", "rules", "dashboard.rules.yml"]);
     assert_eq!(code, 0, "dashboard queries:\n{out}");
-    assert!(out.contains(&format!("SUCCESS: {} rules found", exprs.len())), "{out}");
+    assert!(
+        out.contains(&format!("SUCCESS: {} rules found", exprs.len())),
+        "{out}"
+    );
 }
