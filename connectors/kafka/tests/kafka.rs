@@ -537,3 +537,115 @@ async fn a_fenced_static_member_replaces_its_client_and_consumes_on() {
     assert!(source.stats().client_restarts >= 1, "{:?}", source.stats());
     source.shutdown().await;
 }
+
+/// The high watermark of `topic`/0 as the broker reports it (what Kafka's `GetOffsetShell`
+/// prints), read by a separate client.
+fn high_watermark(topic: &str) -> i64 {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", BROKERS)
+        .create()
+        .unwrap();
+    consumer
+        .fetch_watermarks(topic, 0, Duration::from_secs(30))
+        .unwrap()
+        .1
+}
+
+async fn lag_becomes(source: &KafkaSource, want: u64) {
+    wait_until(&format!("lag {want}"), || {
+        let lag = source.lag();
+        async move { lag == Some(want) }
+    })
+    .await;
+}
+
+/// Issue 9: `Source::lag` is what was produced minus what the runtime pulled, also while the
+/// source is paused (a paused partition is not fetched, so librdkafka's cached high watermark
+/// would freeze).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lag_is_what_was_produced_minus_what_was_pulled() {
+    let _broker = broker_shared().await;
+    let (topic, group) = (rand_name("lag"), rand_name("g"));
+    create_topic(&topic, 1, &[]).await;
+    produce_n(&topic, 100).await;
+    let mut c = config(&group, &topic, 50);
+    c.lag_interval_ms = 20;
+    c.max_prefetch_messages = 10;
+    let mut source = KafkaSource::builder(c).build().unwrap();
+    let pulled = take(&mut source, 30).await;
+    assert_eq!(high_watermark(&topic), 100);
+    lag_becomes(&source, 70).await;
+
+    produce_n(&topic, 50).await;
+    assert_eq!(high_watermark(&topic), 150);
+    lag_becomes(&source, 120).await;
+
+    source.pause();
+    wait_until("the poll thread to pause", || {
+        let paused = source.stats().pauses >= 1;
+        async move { paused }
+    })
+    .await;
+    produce_n(&topic, 25).await;
+    lag_becomes(&source, 145).await;
+    source.resume();
+
+    let rest = take(&mut source, 145).await;
+    assert_eq!(rest.last().unwrap().payload.offset, 174);
+    lag_becomes(&source, 0).await;
+    drop((pulled, rest));
+    source.shutdown().await;
+}
+
+/// Issue 9, a topic per tier: while the runtime sheds Sheddable, the Sheddable topic is not
+/// consumed at all and the Critical topic keeps flowing; its records wait in the broker (and
+/// in the lag), and come once the tier is admitted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_tiers_holds_the_shed_topic_while_critical_flows() {
+    use triage::queue::TierMask;
+
+    let _broker = broker_shared().await;
+    let (critical, sheddable, group) = (rand_name("tier-c"), rand_name("tier-s"), rand_name("g"));
+    create_topic(&critical, 1, &[]).await;
+    create_topic(&sheddable, 1, &[]).await;
+    produce_n(&sheddable, 5).await;
+    produce_n(&critical, 5).await;
+    let mut c = KafkaSourceConfig::new(BROKERS, &group, [&critical, &sheddable]);
+    c.lag_interval_ms = 20;
+    c.criticality.topic_tiers = [
+        (critical.clone(), Criticality::Critical),
+        (sheddable.clone(), Criticality::Sheddable),
+    ]
+    .into();
+    let mut source = KafkaSource::builder(c).build().unwrap();
+    source.pause_tiers(TierMask::NONE.with(Criticality::Sheddable));
+
+    let mut served = take(&mut source, 5).await;
+    produce_n(&critical, 5).await;
+    produce_n(&sheddable, 5).await;
+    served.extend(take(&mut source, 5).await);
+    assert!(
+        served
+            .iter()
+            .all(|e| e.payload.topic == critical && e.criticality == Criticality::Critical),
+        "only the Critical topic flows"
+    );
+    // All ten Sheddable records wait in the broker: none was consumed.
+    lag_becomes(&source, 10).await;
+    assert_eq!(source.stats().consumed, 10);
+
+    source.pause_tiers(TierMask::NONE);
+    let shed = take(&mut source, 10).await;
+    assert!(shed
+        .iter()
+        .all(|e| e.payload.topic == sheddable && e.criticality == Criticality::Sheddable));
+    assert_eq!(
+        shed.iter().map(|e| e.payload.offset).collect::<Vec<_>>(),
+        (0..10).collect::<Vec<_>>()
+    );
+    lag_becomes(&source, 0).await;
+    drop((served, shed));
+    source.shutdown().await;
+}

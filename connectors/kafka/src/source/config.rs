@@ -62,6 +62,11 @@ pub struct KafkaSourceConfig {
     /// (after it the client is abandoned to a background thread). Default 5000; allowed
     /// `1..=600_000`.
     pub close_timeout_ms: u64,
+    /// Period of the lag measurement (`Source::lag`: the high watermark minus the position,
+    /// summed over the assigned partitions, queried from the broker on a thread of its own),
+    /// in milliseconds. Default 1000; allowed `10..=3_600_000`. Each measurement costs one
+    /// `ListOffsets` request per assigned partition.
+    pub lag_interval_ms: u64,
     /// Messages consumed ahead of the runtime: the hand-off buffer's capacity. Default 1000;
     /// allowed `1..=1_000_000`. librdkafka's own prefetch is bounded in bytes by
     /// `queued_max_messages_kbytes`; its `queued.min.messages` keeps librdkafka's default
@@ -99,6 +104,7 @@ impl Default for KafkaSourceConfig {
             commit_interval_ms: 1000,
             commit_timeout_ms: 5000,
             close_timeout_ms: 5000,
+            lag_interval_ms: 1000,
             max_prefetch_messages: 1000,
             queued_max_messages_kbytes: 16384,
             max_payload_bytes: 32 * 1024 * 1024,
@@ -240,6 +246,7 @@ impl KafkaSourceConfig {
         check_range("commit_interval_ms", self.commit_interval_ms, 1, 3_600_000)?;
         check_range("commit_timeout_ms", self.commit_timeout_ms, 1, 600_000)?;
         check_range("close_timeout_ms", self.close_timeout_ms, 1, 600_000)?;
+        check_range("lag_interval_ms", self.lag_interval_ms, 10, 3_600_000)?;
         check_range(
             "max_prefetch_messages",
             self.max_prefetch_messages,
@@ -338,6 +345,21 @@ impl KafkaSourceConfig {
     /// [`close_timeout_ms`](Self::close_timeout_ms) as a duration.
     pub fn close_timeout(&self) -> Duration {
         Duration::from_millis(self.close_timeout_ms)
+    }
+
+    /// [`lag_interval_ms`](Self::lag_interval_ms) as a duration.
+    pub fn lag_interval(&self) -> Duration {
+        Duration::from_millis(self.lag_interval_ms)
+    }
+
+    /// Whether a partition without a committed offset starts at its earliest record
+    /// (`auto.offset.reset` is `earliest`, `smallest` or `beginning`; librdkafka's default is
+    /// `latest`).
+    pub(crate) fn starts_from_earliest(&self) -> bool {
+        matches!(
+            self.properties.get("auto.offset.reset").map(String::as_str),
+            Some("earliest" | "smallest" | "beginning")
+        )
     }
 
     /// The librdkafka consumer properties this configuration stands for.

@@ -11,7 +11,7 @@
 //! never stored. On assignment the tracker starts a new epoch with no position; the client
 //! starts from the group's committed offset, never a stale local one.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,6 +55,9 @@ pub(crate) struct Offsets {
     closing: AtomicBool,
     /// Whether the poll thread has the assignment paused (newly assigned partitions follow).
     paused: AtomicBool,
+    /// Topics whose partitions stay paused even while the assignment is consumed: those of the
+    /// tiers the runtime sheds (`Source::pause_tiers`). Newly assigned partitions follow.
+    shed_topics: Mutex<HashSet<String>>,
     /// Generation of the current consumer client, bumped when a client is replaced after a
     /// fatal error: callbacks of a retired client (its close still runs them) are ignored.
     client: AtomicU64,
@@ -309,6 +312,47 @@ impl Offsets {
         self.paused.store(paused, Ordering::Release);
     }
 
+    /// Replaces the set of shed topics; returns whether it changed.
+    pub(crate) fn set_shed_topics(&self, topics: HashSet<String>) -> bool {
+        let mut shed = self.shed_topics.lock();
+        if *shed == topics {
+            return false;
+        }
+        *shed = topics;
+        true
+    }
+
+    /// Pauses the partitions of `tpl` that must not be fetched (all of them when `all`, else
+    /// those of the shed topics) and resumes the others. librdkafka keeps a partition's pause
+    /// flag across an unassign and a later assign (confluent-kafka-go#193, librdkafka#1849), so
+    /// the flag is set both ways every time.
+    pub(crate) fn apply_pauses<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+        tpl: &TopicPartitionList,
+        all: bool,
+    ) -> KafkaResult<()> {
+        let (mut pause, mut resume) = (TopicPartitionList::new(), TopicPartitionList::new());
+        {
+            let shed = self.shed_topics.lock();
+            for e in tpl.elements() {
+                let list = if all || shed.contains(e.topic()) {
+                    &mut pause
+                } else {
+                    &mut resume
+                };
+                list.add_partition(e.topic(), e.partition());
+            }
+        }
+        if pause.count() > 0 {
+            consumer.pause(&pause)?;
+        }
+        if resume.count() > 0 {
+            consumer.resume(&resume)?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn pending_total(&self) -> usize {
         self.state.lock().tracker.pending_total()
     }
@@ -409,17 +453,12 @@ impl ConsumerContext for SourceContext {
                     .fetch_add(1, Ordering::Relaxed);
                 self.offsets
                     .assign(tpl.elements().iter().map(|e| (e.topic(), e.partition())));
-                // librdkafka keeps a partition's pause flag across an unassign and a later
-                // assign (confluent-kafka-go#193, librdkafka#1849): set the flag the source wants
-                // on every assignment, both ways. Without the resume, a source that was paused
-                // when its assignment was lost (a broker restart outlasting the session) and
-                // resumed while it had no partitions never fetched again once they came back.
-                let result = if self.offsets.paused.load(Ordering::Acquire) {
-                    consumer.pause(tpl)
-                } else {
-                    consumer.resume(tpl)
-                };
-                if let Err(err) = result {
+                // Set the pause flag the source wants on every assignment, both ways. Without
+                // the resume, a source that was paused when its assignment was lost (a broker
+                // restart outlasting the session) and resumed while it had no partitions never
+                // fetched again once they came back.
+                let all = self.offsets.paused.load(Ordering::Acquire);
+                if let Err(err) = self.offsets.apply_pauses(consumer, tpl, all) {
                     tracing::warn!(%err, "kafka source: could not set the new assignment's pause flag");
                 }
             }

@@ -13,9 +13,13 @@
 //!
 //! To avoid pausing and re-fetching for every record under sustained backpressure, a pause
 //! caused by a full channel lasts until the channel is at least half empty.
+//!
+//! Besides pausing everything, the thread pauses the partitions of the topics whose tier the
+//! runtime is shedding (`Source::pause_tiers`, a topic per tier): those stay paused while the
+//! rest of the assignment is consumed, and are resumed when their tier leaves the set.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant as WallInstant};
 
@@ -57,6 +61,10 @@ pub(crate) type Delivery = (u64, Envelope<KafkaMessage>);
 pub(crate) struct Control {
     pub(crate) stop: AtomicBool,
     pub(crate) runtime_paused: AtomicBool,
+    /// The set of paused topics (`Offsets::shed_topics`) changed: apply it.
+    pub(crate) tiers_changed: AtomicBool,
+    /// Records the poll thread consumed and could not hand over yet (for the lag).
+    pub(crate) held: AtomicUsize,
 }
 
 pub(crate) struct PollLoop {
@@ -93,6 +101,10 @@ impl PollLoop {
                     // The source handle is gone: nobody will resolve anything more.
                     Err(TrySendError::Closed(_)) => break 'poll,
                 }
+            }
+            self.control.held.store(held.len(), Ordering::Relaxed);
+            if self.control.tiers_changed.swap(false, Ordering::AcqRel) && !paused {
+                self.apply_pauses(false);
             }
             let by_runtime = self.control.runtime_paused.load(Ordering::Acquire);
             if held.is_empty() {
@@ -188,6 +200,16 @@ impl PollLoop {
 
     fn set_paused(&self, pause: bool, cause: &'static str) {
         self.offsets.set_paused(pause);
+        if pause {
+            self.offsets.stats.pauses.fetch_add(1, Ordering::Relaxed);
+            metrics::pause(cause);
+        }
+        self.apply_pauses(pause);
+    }
+
+    /// Pauses the whole assignment (`all`), or only the partitions of the shed tiers' topics
+    /// and resumes the rest.
+    fn apply_pauses(&self, all: bool) {
         let assignment = match self.consumer.assignment() {
             Ok(a) => a,
             Err(err) => {
@@ -195,15 +217,8 @@ impl PollLoop {
                 return;
             }
         };
-        let result = if pause {
-            self.offsets.stats.pauses.fetch_add(1, Ordering::Relaxed);
-            metrics::pause(cause);
-            self.consumer.pause(&assignment)
-        } else {
-            self.consumer.resume(&assignment)
-        };
-        if let Err(err) = result {
-            tracing::warn!(%err, pause, "kafka source: could not pause or resume");
+        if let Err(err) = self.offsets.apply_pauses(&*self.consumer, &assignment, all) {
+            tracing::warn!(%err, all, "kafka source: could not pause or resume");
         }
     }
 
