@@ -237,3 +237,81 @@ async fn a_drained_copy_keeps_its_tier() {
     assert_eq!(report.stats.ledger.total().completed, 1);
     assert_eq!(*served.lock().unwrap(), [Criticality::Medium]);
 }
+
+/// Issue 9, "Backlog": 20,000 Medium records already in the topic, no new arrivals, deadlines
+/// far away (Medium's window is 15 minutes), a runtime with a defer sink. A backlog is not an
+/// overload: every record is completed, none deferred, none expired, and nothing is written to
+/// the defer topic. (Before pull-based admission, queue-age admission deferred most of such a
+/// backlog: 24,533 of 30,000 in issue 9's run.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs pull-based admission (issue 9)"]
+async fn a_backlog_is_served_in_order_not_deferred() {
+    use rdkafka::producer::FutureRecord;
+
+    const BACKLOG: usize = 20_000;
+    let _broker = broker_shared().await;
+    let (topic, defer, group) = (
+        rand_name("backlog"),
+        rand_name("backlog-deferred"),
+        rand_name("g"),
+    );
+    create_topic(&topic, 1, &[]).await;
+    create_topic(&defer, 1, &[]).await;
+    // Enqueued all at once, then confirmed: seconds rather than 20,000 round trips.
+    let producer = producer(1_000_000);
+    let deliveries: Vec<_> = (0..BACKLOG)
+        .map(|i| {
+            let payload = format!("m{i}");
+            producer
+                .send_result(FutureRecord::<(), _>::to(&topic).payload(&payload))
+                .map_err(|(e, _)| e)
+                .expect("enqueue")
+        })
+        .collect();
+    for d in deliveries {
+        d.await
+            .expect("delivery")
+            .map_err(|(e, _)| e)
+            .expect("produced");
+    }
+
+    let defer_sink = Arc::new(KafkaDeferSink::new(KafkaSinkConfig::new(BROKERS, &defer)).unwrap());
+    let mut runtime = Runtime::builder(RuntimeConfig::default())
+        .defer_sink(Arc::clone(&defer_sink))
+        .start(|job: Job<KafkaMessage>| async move {
+            // A short service time: the backlog takes a few seconds of handler time.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let _ = job.payload();
+            Ok::<(), HandlerError>(())
+        })
+        .unwrap();
+    let mut source_config = KafkaSourceConfig::new(BROKERS, &group, [&topic]);
+    source_config.commit_interval_ms = 100;
+    runtime.attach(
+        KafkaSource::builder(source_config)
+            .republish_to(&defer_sink)
+            .build()
+            .unwrap(),
+    );
+    // Every record settled (completed, or deferred, or expired) moves the position.
+    assert_eq!(
+        committed_at_least(&group, &topic, BACKLOG as i64).await,
+        BACKLOG as i64
+    );
+    let report = runtime.shutdown(Duration::from_secs(20)).await;
+    let total = report.stats.ledger.total();
+    assert_eq!(
+        (total.completed, total.deferred, total.expired),
+        (BACKLOG as u64, 0, 0),
+        "{report}"
+    );
+    // Nothing was written to the defer topic (its high watermark, as GetOffsetShell shows it).
+    let reader: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", BROKERS)
+        .create()
+        .unwrap();
+    let (_, high) =
+        rdkafka::consumer::Consumer::fetch_watermarks(&reader, &defer, 0, Duration::from_secs(30))
+            .unwrap();
+    assert_eq!(high, 0);
+}
