@@ -12,6 +12,26 @@
 //! - [`drain`]: the defer topic consumed back as a source; each copy keeps its tier.
 //! - [`metrics`]: every metric this crate records (names under `triage_kafka_`).
 //!
+//! ## Layouts
+//!
+//! - **A topic per tier** (strict protection): subscribe one source to, say, `orders.critical`,
+//!   `orders.high`, `orders.medium` and `orders.sheddable`, mapped in
+//!   [`CriticalityConfig::topic_tiers`](source::CriticalityConfig::topic_tiers). While the
+//!   runtime sheds a tier, the source pauses that tier's partitions
+//!   ([`Source::pause_tiers`](triage::runtime::Source::pause_tiers)): their records wait in the
+//!   broker and a Critical record never waits behind them.
+//! - **One mixed topic**, labelled by the `triage-criticality` header on a trusted topic: in one
+//!   partition a Critical record is reached only by consuming everything in front of it, so
+//!   lower tiers in front of it are deferred (or held) to make room.
+//!
+//! ## Limits that must agree
+//!
+//! Every record the source reads may have to be re-published to the defer or dead-letter
+//! topic, with triage's headers added. A source given its sinks with
+//! [`KafkaSourceBuilder::republish_to`] refuses to start unless its `max_payload_bytes` plus
+//! [`KafkaSinkConfig::HEADROOM_BYTES`] fits each sink's `max_message_bytes` (the defaults
+//! agree); the destination topics' own `max.message.bytes` must allow as much.
+//!
 //! Built on rdkafka (librdkafka compiled from source). The connector never touches the core
 //! crate's internals: it implements [`triage::runtime::Source`],
 //! [`triage::runtime::AckSink`], [`triage::runtime::DeferSink`] and
