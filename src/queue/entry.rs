@@ -1,6 +1,7 @@
 //! What the queue holds and hands back.
 
 use quanta::Instant;
+use smallvec::SmallVec;
 
 use crate::Criticality;
 
@@ -229,69 +230,35 @@ impl<T> std::fmt::Debug for Removed<T> {
 /// critical tier last, oldest first within a tier), then the evicted ones (as
 /// [`Removed::Evicted`], newest of the lowest tier first).
 ///
-/// Empty, or one item held inline, without allocating: a count-bounded queue with nothing
-/// expired evicts at most one item per push. A byte budget, or expired items, may remove
-/// several, held in a `Vec`.
+/// A count-bounded queue with no expired items evicts at most one item per push, so this holds
+/// one item inline without allocating; a byte budget, or expired items, may remove several.
 #[must_use = "removed items must be recorded (shed, deferred or expired), not dropped"]
 pub struct Evictions<T> {
-    items: Items<T>,
-}
-
-enum Items<T> {
-    One(Option<Removed<T>>),
-    Many(std::vec::IntoIter<Removed<T>>),
+    items: smallvec::IntoIter<[Removed<T>; 1]>,
 }
 
 impl<T> Evictions<T> {
-    /// Nothing removed.
-    #[inline]
-    pub(crate) fn none() -> Self {
+    pub(crate) fn from_vec(items: SmallVec<[Removed<T>; 1]>) -> Self {
         Evictions {
-            items: Items::One(None),
+            items: items.into_iter(),
         }
     }
 
-    pub(crate) fn from_vec(mut items: Vec<Removed<T>>) -> Self {
-        if items.len() <= 1 {
-            return Evictions {
-                items: Items::One(items.pop()),
-            };
-        }
-        Evictions {
-            items: Items::Many(items.into_iter()),
-        }
-    }
-
-    pub(crate) fn one(item: Removed<T>) -> Self {
-        Evictions {
-            items: Items::One(Some(item)),
-        }
-    }
-
-    /// Whether nothing (more) was removed.
-    #[inline]
+    /// Whether nothing (more) was evicted.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.items.len() == 0
     }
 }
 
 impl<T> Iterator for Evictions<T> {
     type Item = Removed<T>;
 
-    #[inline]
     fn next(&mut self) -> Option<Removed<T>> {
-        match &mut self.items {
-            Items::One(one) => one.take(),
-            Items::Many(many) => many.next(),
-        }
+        self.items.next()
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let n = match &self.items {
-            Items::One(one) => usize::from(one.is_some()),
-            Items::Many(many) => many.len(),
-        };
-        (n, Some(n))
+        self.items.size_hint()
     }
 }
 
@@ -299,11 +266,6 @@ impl<T> ExactSizeIterator for Evictions<T> {}
 
 impl<T> std::fmt::Debug for Evictions<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut list = f.debug_list();
-        match &self.items {
-            Items::One(one) => list.entries(one.iter()),
-            Items::Many(many) => list.entries(many.as_slice()),
-        };
-        list.finish()
+        f.debug_list().entries(self.items.as_slice()).finish()
     }
 }

@@ -18,7 +18,7 @@ use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use triage::ledger::Disposition;
 use triage::queue::WfqConfig;
@@ -83,6 +83,8 @@ fn source_config(queue: &str) -> AmqpSourceConfig {
     let mut c = AmqpSourceConfig::new(URI, queue);
     c.prefetch = PREFETCH;
     c.declare.enabled = false;
+    // The bench declares it with a dead-letter queue through the default exchange.
+    c.declare.dead_letter_exchange = Some(String::new());
     c
 }
 
@@ -141,7 +143,17 @@ fn main() {
             .await
             .expect("confirm");
         let queue = format!("triage-bench-{:016x}", fastrand::u64(..));
-        ch.queue_declare(&queue, QueueDeclareOptions::default(), FieldTable::default())
+        let dead = format!("{queue}.dead");
+        ch.queue_declare(&dead, QueueDeclareOptions::default(), FieldTable::default())
+            .await
+            .expect("declare");
+        let mut args = FieldTable::default();
+        args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
+        args.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(dead.as_str().into()),
+        );
+        ch.queue_declare(&queue, QueueDeclareOptions::default(), args)
             .await
             .expect("declare");
         println!("consume {n} messages of {BODY} B, prefetch {PREFETCH}");

@@ -1,13 +1,16 @@
-//! Connecting to RabbitMQ on tokio, and reconnecting with exponential backoff and full jitter.
+//! Connecting to RabbitMQ on tokio, and the schedule of reconnection attempts.
 //!
 //! Backoff follows "Exponential Backoff And Jitter" (AWS Architecture Blog, 2015), *full
-//! jitter*: the n-th retry waits a uniformly random time in `[0, min(max, initial * 2^n))`.
-//! Many consumers losing the same broker then come back spread out instead of in lockstep.
+//! jitter*: after `n` failures in a row the next attempt waits a uniformly random time in
+//! `[0, min(max, initial * 2^n)]`. Many consumers losing the same broker then come back spread
+//! out instead of in lockstep. The schedule is the core's one helper,
+//! [`RetryConfig::backoff`], the one the runtime's handler retries use, not a copy.
 
 use std::time::Duration;
 
 use lapin::{Connection, ConnectionProperties};
 use serde::{Deserialize, Serialize};
+use triage::runtime::RetryConfig;
 use triage::ConfigError;
 
 /// How to retry a lost connection.
@@ -79,41 +82,16 @@ impl ReconnectConfig {
     pub(crate) fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
     }
-}
 
-/// Retry schedule: exponential growth of the upper bound, full jitter below it.
-#[derive(Clone, Debug)]
-pub(crate) struct Backoff {
-    initial_ms: u64,
-    max_ms: u64,
-    failures: u32,
-}
-
-impl Backoff {
-    pub(crate) fn new(config: &ReconnectConfig) -> Self {
-        Backoff {
-            initial_ms: config.initial_backoff_ms.max(1),
-            max_ms: config.max_backoff_ms.max(1),
-            failures: 0,
+    /// The wait before the next attempt after `failures` failed attempts in a row (0 after a
+    /// loss, before the first attempt): full jitter below `min(max, initial * 2^failures)`.
+    pub fn backoff(&self, failures: u32) -> Duration {
+        RetryConfig {
+            max_retries: 0,
+            base_backoff_ms: self.initial_backoff_ms.max(1),
+            max_backoff_ms: self.max_backoff_ms.max(1),
         }
-    }
-
-    /// The wait before the next attempt after one more failure.
-    pub(crate) fn next_delay(&mut self) -> Duration {
-        let ceiling = self.ceiling_ms();
-        self.failures = self.failures.saturating_add(1);
-        Duration::from_millis(fastrand::u64(0..=ceiling))
-    }
-
-    fn ceiling_ms(&self) -> u64 {
-        // 2^63 already exceeds any cap; shifting further would overflow.
-        let factor = 1u64 << self.failures.min(62);
-        self.initial_ms.saturating_mul(factor).min(self.max_ms)
-    }
-
-    /// A success: the next failure starts from the initial bound again.
-    pub(crate) fn reset(&mut self) {
-        self.failures = 0;
+        .backoff(failures)
     }
 }
 
@@ -148,25 +126,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_bound_doubles_up_to_the_cap_and_resets() {
-        let mut b = Backoff::new(&ReconnectConfig {
+    fn backoff_bound_doubles_up_to_the_cap() {
+        let c = ReconnectConfig {
             initial_backoff_ms: 100,
             max_backoff_ms: 1_000,
             connect_timeout_ms: 1,
-        });
-        let mut ceilings = Vec::new();
-        for _ in 0..6 {
-            ceilings.push(b.ceiling_ms());
-            let d = b.next_delay();
-            assert!(d <= Duration::from_millis(*ceilings.last().unwrap_or(&0)));
+        };
+        for (failures, bound) in [
+            (0, 100),
+            (1, 200),
+            (2, 400),
+            (3, 800),
+            (4, 1_000),
+            (60, 1_000),
+        ] {
+            let most = (0..200).map(|_| c.backoff(failures)).max().unwrap();
+            assert!(most <= Duration::from_millis(bound), "{failures}: {most:?}");
+            assert!(
+                most > Duration::from_millis(bound / 2),
+                "{failures}: {most:?}"
+            );
         }
-        assert_eq!(ceilings, [100, 200, 400, 800, 1_000, 1_000]);
-        for _ in 0..100 {
-            b.next_delay();
-        }
-        assert_eq!(b.ceiling_ms(), 1_000);
-        b.reset();
-        assert_eq!(b.ceiling_ms(), 100);
     }
 
     #[test]

@@ -27,8 +27,8 @@ pub use message::AmqpMessage;
 pub use metrics::AmqpSourceStats;
 pub use sink::{AmqpDeferSink, AmqpSinkConfig};
 pub use source::{
-    AmqpSource, AmqpSourceConfig, ClassifyConfig, DeadlineConfig, PriorityMapping,
-    QueueDeclareConfig,
+    AmqpSource, AmqpSourceConfig, AmqpStatsHandle, ClassifyConfig, DeadlineConfig, PriorityMapping,
+    QueueDeclareConfig, TierQueue,
 };
 
 /// Re-exported: the AMQP client, for its property and field-table types.

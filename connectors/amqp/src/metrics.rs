@@ -18,6 +18,7 @@
 //! | `triage_amqp_stale_settles_total` | `queue` | settles ignored because the delivery's channel is gone (the broker redelivers it) |
 //! | `triage_amqp_duplicate_settles_total` | `queue` | second settles of one delivery, ignored |
 //! | `triage_amqp_settle_errors_total` | `queue` | settle frames the client could not send (channel closing); the broker redelivers |
+//! | `triage_amqp_connect_attempts_total` | `queue` | connection attempts of the consumer, the first one included, each one counted (successes plus failures) |
 //! | `triage_amqp_reconnects_total` | `queue` | consumer channels opened after the first one |
 //! | `triage_amqp_connect_failures_total` | `queue` | failed connection or channel set-up attempts |
 //! | `triage_amqp_dropped_buffered_total` | `queue` | deliveries lapin still buffered from a closed channel, dropped unseen (the broker already requeued them) |
@@ -30,7 +31,7 @@ use metrics::{Counter, Unit};
 use triage::ledger::Disposition;
 
 /// Every metric's `# HELP` text, beside its name (all are counters).
-const HELP: [(&str, &str); 15] = [
+const HELP: [(&str, &str); 16] = [
     (
         "triage_amqp_deliveries_total",
         "Deliveries taken from the consumer, by queue.",
@@ -74,6 +75,10 @@ const HELP: [(&str, &str); 15] = [
     (
         "triage_amqp_settle_errors_total",
         "Settle frames the client could not send (channel closing; the broker redelivers), by queue.",
+    ),
+    (
+        "triage_amqp_connect_attempts_total",
+        "Connection attempts of the consumer, the first included (successes plus failures), by queue.",
     ),
     (
         "triage_amqp_reconnects_total",
@@ -133,6 +138,9 @@ pub struct AmqpSourceStats {
     pub duplicate_settles: u64,
     /// Settle frames that could not be sent.
     pub settle_errors: u64,
+    /// Connection attempts, the first one included: `1 + reconnects + connect_failures`
+    /// once no attempt is in progress.
+    pub connect_attempts: u64,
     /// Channels opened after the first.
     pub reconnects: u64,
     /// Failed connection or set-up attempts.
@@ -194,6 +202,7 @@ counters! {
     stale_settles => "triage_amqp_stale_settles_total",
     duplicate_settles => "triage_amqp_duplicate_settles_total",
     settle_errors => "triage_amqp_settle_errors_total",
+    connect_attempts => "triage_amqp_connect_attempts_total",
     reconnects => "triage_amqp_reconnects_total",
     connect_failures => "triage_amqp_connect_failures_total",
     dropped_buffered => "triage_amqp_dropped_buffered_total",

@@ -317,3 +317,92 @@ async fn oversize_bodies_are_rejected_unseen() {
     delete(&ch, &dlq).await;
     let _ = ch.exchange_delete(dlx.as_str(), Default::default()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_with_the_default_config_lands_in_the_queues_own_dead_letter_queue() {
+    let (_conn, ch) = admin().await;
+    let q = rand_queue("default-dlq");
+    // Not declared beforehand: the source declares it, with its dead-letter queue.
+    let mut source = AmqpSource::connect(config(&q, 10), capacity(10))
+        .await
+        .unwrap();
+    publish_n(&ch, &q, 2, b"x", |_| BasicProperties::default()).await;
+    let failed = source.next().await.unwrap();
+    failed.ack.resolve(Disposition::Failed);
+    let done = source.next().await.unwrap();
+    done.ack.resolve(Disposition::Completed);
+    source.shutdown().await;
+    assert_eq!((source.stats().rejected, source.stats().acked), (1, 1));
+    let dead = drain(&ch, &format!("{q}.dead")).await;
+    assert_eq!(
+        dead.len(),
+        1,
+        "the rejected delivery is kept, not discarded"
+    );
+    assert_eq!(
+        dead[0]
+            .delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .unwrap()
+            .as_str(),
+        "id-0"
+    );
+    delete(&ch, &q).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_without_a_dead_letter_exchange_is_refused_at_start_up() {
+    // Managed elsewhere, no dead-letter exchange named, failed ones would be rejected.
+    let mut cfg = config("managed", 10);
+    cfg.declare.enabled = false;
+    let err = AmqpSource::connect(cfg.clone(), capacity(10))
+        .await
+        .unwrap_err();
+    let triage_amqp::AmqpError::Config(e) = err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(e.field(), "declare.dead_letter_exchange");
+    assert!(e.to_string().contains("dead_letter_via_sink"), "{e}");
+
+    // Acked through a sink, on a runtime without one: refused by the runtime, by name.
+    let (_conn, ch) = admin().await;
+    let q = rand_queue("via-sink");
+    declare_plain(&ch, &q).await;
+    let mut cfg = config(&q, 10);
+    cfg.declare.enabled = false;
+    cfg.dead_letter_via_sink = true;
+    let source = AmqpSource::connect(cfg, capacity(10)).await.unwrap();
+    let mut rt = triage::runtime::Runtime::builder(triage::runtime::RuntimeConfig::default())
+        .start(
+            |_job: triage::runtime::Job<triage_amqp::AmqpMessage>| async {
+                Ok::<(), triage::runtime::HandlerError>(())
+            },
+        )
+        .unwrap();
+    let err = rt.try_attach(source).unwrap_err();
+    assert_eq!(err.field(), "dead_letter_via_sink");
+    rt.shutdown(Duration::from_secs(5)).await;
+    delete(&ch, &q).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_without_a_dead_letter_exchange_is_handed_on_not_discarded() {
+    let (_conn, ch) = admin().await;
+    let q = rand_queue("oversize-no-dlx");
+    declare_plain(&ch, &q).await;
+    let mut cfg = config(&q, 10);
+    cfg.declare.enabled = false;
+    cfg.dead_letter_via_sink = true;
+    cfg.max_payload_bytes = 16;
+    let mut source = AmqpSource::connect(cfg, capacity(10)).await.unwrap();
+    publish_n(&ch, &q, 1, &[7u8; 17], |_| BasicProperties::default()).await;
+    let env = source.next().await.unwrap();
+    assert_eq!(env.size_bytes, 17);
+    env.ack.resolve(Disposition::Completed);
+    source.shutdown().await;
+    let stats = source.stats();
+    assert_eq!((stats.oversize, stats.rejected, stats.acked), (1, 0, 1));
+    delete(&ch, &q).await;
+}

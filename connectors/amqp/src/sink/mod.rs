@@ -6,10 +6,18 @@
 //! `basic.return` instead of vanishing. [`publish`](DeferSink::publish) is `Ok` only for an
 //! ack confirm with no return; a nack, a return, a lost channel or no confirm within
 //! `confirm_timeout_ms` is an error, and the runtime leaves the source delivery unacked.
+//!
+//! `confirm_timeout_ms` bounds the whole publish, not only the wait for the confirm: under a
+//! broker resource alarm (`connection.blocked`, memory or disk) RabbitMQ stops reading the
+//! publishing connection, so even writing the frame never finishes. Such a publish fails at
+//! the bound, and while the broker says the connection is blocked, publishes fail at once
+//! ([`SinkError::Unavailable`]) and [`AmqpDeferSink::is_healthy`] is false: the runtime falls
+//! back to backpressure instead of holding a deferring permit per message.
 
 mod config;
 mod headers;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +31,7 @@ use triage::runtime::{DeadLetterSink, DeferSink, Republish, SinkError};
 
 pub use config::AmqpSinkConfig;
 
-use crate::connection::{self, Backoff};
+use crate::connection;
 use crate::metrics::published;
 use crate::{AmqpError, AmqpMessage};
 
@@ -75,12 +83,15 @@ pub struct AmqpDeferSink {
 struct Inner {
     config: AmqpSinkConfig,
     link: Mutex<LinkState>,
+    /// See [`AmqpDeferSink::is_healthy`].
+    healthy: AtomicBool,
 }
 
 #[derive(Debug)]
 struct LinkState {
     live: Option<(Connection, Channel)>,
-    backoff: Backoff,
+    /// Failed connection attempts in a row, for the backoff.
+    failures: u32,
     retry_at: Option<tokio::time::Instant>,
 }
 
@@ -101,10 +112,11 @@ impl AmqpDeferSink {
             inner: Arc::new(Inner {
                 link: Mutex::new(LinkState {
                     live: Some(live),
-                    backoff: Backoff::new(&config.reconnect),
+                    failures: 0,
                     retry_at: None,
                 }),
                 config,
+                healthy: AtomicBool::new(true),
             }),
         })
     }
@@ -114,13 +126,38 @@ impl AmqpDeferSink {
         &self.inner.config
     }
 
-    /// Re-publishes `message` with the triage headers of `info` and waits for the confirm.
+    /// Whether the last publish reached the broker: `false` after one that found no
+    /// connection, was blocked by a resource alarm (`connection.blocked`) or got no confirm
+    /// within `confirm_timeout_ms`; `true` again after one the broker answered (confirmed,
+    /// nacked or returned), and before the first.
+    pub fn is_healthy(&self) -> bool {
+        self.inner.healthy.load(Ordering::Relaxed)
+    }
+
+    fn outcome(&self, outcome: &'static str) {
+        published(&self.inner.config.queue, outcome);
+        let reached = !matches!(outcome, "timeout" | "unavailable");
+        self.inner.healthy.store(reached, Ordering::Relaxed);
+    }
+
+    fn blocked(&self) -> bool {
+        self.inner.link.try_lock().is_ok_and(|state| {
+            state
+                .live
+                .as_ref()
+                .is_some_and(|(connection, _)| connection.status().blocked())
+        })
+    }
+
+    /// Re-publishes `message` with the triage headers of `info` and waits for the confirm,
+    /// all of it within `confirm_timeout_ms`.
     ///
     /// # Errors
     ///
-    /// [`SinkError::NotConfirmed`] when the broker nacked or returned the message or did not
-    /// confirm within `confirm_timeout_ms`; [`SinkError::Unavailable`] when there is no
-    /// channel (connection lost, waiting to reconnect).
+    /// [`SinkError::NotConfirmed`] when the broker nacked or returned the message or the
+    /// publish and its confirm did not finish within `confirm_timeout_ms`;
+    /// [`SinkError::Unavailable`] when there is no channel (connection lost, waiting to
+    /// reconnect) or the broker blocks the connection (resource alarm).
     ///
     /// # Cancel safety
     ///
@@ -133,9 +170,32 @@ impl AmqpDeferSink {
         info: &Republish,
     ) -> Result<(), SinkError> {
         let config = &self.inner.config;
-        let queue = config.queue.as_str();
+        let bound = Duration::from_millis(config.confirm_timeout_ms);
+        match tokio::time::timeout(bound, self.publish_unbounded(message, info)).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                self.outcome("timeout");
+                let blocked = if self.blocked() {
+                    " (the broker blocks the connection: resource alarm)"
+                } else {
+                    ""
+                };
+                Err(SinkError::NotConfirmed(format!(
+                    "publish not confirmed within {} ms{blocked}",
+                    config.confirm_timeout_ms
+                )))
+            }
+        }
+    }
+
+    async fn publish_unbounded(
+        &self,
+        message: &AmqpMessage,
+        info: &Republish,
+    ) -> Result<(), SinkError> {
+        let config = &self.inner.config;
         let channel = self.channel().await.inspect_err(|_| {
-            published(queue, "unavailable");
+            self.outcome("unavailable");
         })?;
         let properties = headers::republish_properties(message, info);
         let confirm = match channel
@@ -154,44 +214,36 @@ impl AmqpDeferSink {
             Ok(confirm) => confirm,
             Err(e) => {
                 self.broken(&channel).await;
-                published(queue, "unavailable");
+                self.outcome("unavailable");
                 return Err(SinkError::Unavailable(format!("basic.publish failed: {e}")));
             }
         };
-        let timeout = Duration::from_millis(config.confirm_timeout_ms);
-        match tokio::time::timeout(timeout, confirm).await {
-            Ok(Ok(Confirmation::Ack(None))) => {
-                published(queue, "confirmed");
+        match confirm.await {
+            Ok(Confirmation::Ack(None)) => {
+                self.outcome("confirmed");
                 Ok(())
             }
-            Ok(Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)))) => {
-                published(queue, "returned");
+            Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned))) => {
+                self.outcome("returned");
                 Err(SinkError::NotConfirmed(format!(
                     "returned by the broker: {} {}",
                     returned.reply_code, returned.reply_text
                 )))
             }
-            Ok(Ok(Confirmation::Nack(None))) => {
-                published(queue, "nacked");
+            Ok(Confirmation::Nack(None)) => {
+                self.outcome("nacked");
                 Err(SinkError::NotConfirmed("nacked by the broker".to_owned()))
             }
-            Ok(Ok(Confirmation::NotRequested)) => {
-                published(queue, "nacked");
+            Ok(Confirmation::NotRequested) => {
+                self.outcome("nacked");
                 Err(SinkError::NotConfirmed(
                     "channel is not in confirm mode".to_owned(),
                 ))
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 self.broken(&channel).await;
-                published(queue, "unavailable");
+                self.outcome("unavailable");
                 Err(SinkError::Unavailable(format!("confirm lost: {e}")))
-            }
-            Err(_) => {
-                published(queue, "timeout");
-                Err(SinkError::NotConfirmed(format!(
-                    "no confirm within {} ms",
-                    config.confirm_timeout_ms
-                )))
             }
         }
     }
@@ -200,6 +252,12 @@ impl AmqpDeferSink {
     async fn channel(&self) -> Result<Channel, SinkError> {
         let mut state = self.inner.link.lock().await;
         if let Some((connection, channel)) = &state.live {
+            if connection.status().blocked() {
+                // Publishing now would wait for the alarm to clear, holding the caller.
+                return Err(SinkError::Unavailable(
+                    "the broker blocks the connection (resource alarm)".to_owned(),
+                ));
+            }
             if channel.status().connected() && connection.status().connected() {
                 return Ok(channel.clone());
             }
@@ -215,13 +273,14 @@ impl AmqpDeferSink {
         }
         match open(&self.inner.config).await {
             Ok((connection, channel)) => {
-                state.backoff.reset();
+                state.failures = 0;
                 state.retry_at = None;
                 state.live = Some((connection, channel.clone()));
                 Ok(channel)
             }
             Err(e) => {
-                let delay = state.backoff.next_delay();
+                let delay = self.inner.config.reconnect.backoff(state.failures);
+                state.failures = state.failures.saturating_add(1);
                 state.retry_at = Some(tokio::time::Instant::now() + delay);
                 Err(SinkError::Unavailable(error_chain(&e)))
             }

@@ -31,15 +31,26 @@ pub(crate) struct Classifier {
     deadline: DeadlineConfig,
     /// Whether the consumed queue is in `trusted_queues`: decided once, not per message.
     trusted: bool,
+    /// The tier of every delivery: `fixed_tier`, or the tier of a queue per tier.
+    fixed: Option<Criticality>,
 }
 
 impl Classifier {
-    pub(crate) fn new(classify: ClassifyConfig, deadline: DeadlineConfig, queue: &str) -> Self {
+    /// The rules for deliveries of `queue`; `tier` is the queue's tier when the source reads
+    /// a queue per tier (it wins over everything else).
+    pub(crate) fn new(
+        classify: ClassifyConfig,
+        deadline: DeadlineConfig,
+        queue: &str,
+        tier: Option<Criticality>,
+    ) -> Self {
         let trusted = classify.trusted_queues.iter().any(|q| q == queue);
+        let fixed = tier.or(classify.fixed_tier);
         Classifier {
             classify,
             deadline,
             trusted,
+            fixed,
         }
     }
 
@@ -49,7 +60,7 @@ impl Classifier {
         let header = |name: &str| headers.and_then(|h| h.inner().get(name));
 
         let (criticality, unclassified) = match (
-            self.classify.fixed_tier,
+            self.fixed,
             self.trusted.then(|| header(wire::CRITICALITY)).flatten(),
             *props.priority(),
         ) {
@@ -177,7 +188,7 @@ mod tests {
         }
         let mut d = DeadlineConfig::default();
         d.timestamp_window_ms.critical = Some(400);
-        Classifier::new(c, d, "q")
+        Classifier::new(c, d, "q", None)
     }
 
     fn with_header(name: &str, value: AMQPValue) -> BasicProperties {
@@ -212,7 +223,7 @@ mod tests {
         let mut c = ClassifyConfig::default();
         c.trusted_queues.push("q".into());
         c.fixed_tier = Some(Criticality::Sheddable);
-        let c = Classifier::new(c, DeadlineConfig::default(), "q");
+        let c = Classifier::new(c, DeadlineConfig::default(), "q", None);
         for props in [
             BasicProperties::default().with_priority(255),
             with_header("triage-criticality", text("Critical")),

@@ -37,8 +37,18 @@ pub struct AmqpSourceConfig {
     /// AMQP URI of the broker. Default `amqp://127.0.0.1:5672/%2f` (guest on the default
     /// vhost).
     pub uri: String,
-    /// Queue to consume. Default empty, which [`validate`](Self::validate) refuses.
+    /// Queue to consume, its deliveries classified by [`classify`](Self::classify). Default
+    /// empty: then `tier_queues` must name at least one queue.
     pub queue: String,
+    /// Queues of one tier each, consumed beside `queue` on the same channel: the layout for
+    /// strict protection (DESIGN.md §3a). Every delivery of such a queue has the queue's tier;
+    /// while the runtime sheds that tier ([`Source::pause_tiers`]) the queue is not read, so
+    /// its messages wait in the broker (at most `prefetch` of them in the process) instead of
+    /// being consumed only to be deferred, and nothing of a higher tier waits behind them.
+    /// Default none.
+    ///
+    /// [`Source::pause_tiers`]: triage::runtime::Source::pause_tiers
+    pub tier_queues: Vec<TierQueue>,
     /// Whether and how to declare the queue before consuming. Default: declare it durable,
     /// no arguments.
     pub declare: QueueDeclareConfig,
@@ -53,22 +63,33 @@ pub struct AmqpSourceConfig {
     pub deadline: DeadlineConfig,
     /// Largest body accepted, in bytes. Default 16 MiB. Larger deliveries are rejected
     /// (`basic.reject`, `requeue = false`, to the queue's dead-letter exchange) without
-    /// reaching the runtime, and counted in `triage_amqp_oversize_total`.
+    /// reaching the runtime, and counted in `triage_amqp_oversize_total`. A queue without a
+    /// known dead-letter exchange (possible only with `dead_letter_via_sink`, see
+    /// [`QueueDeclareConfig::dead_letter_exchange`]) rejects nothing: its large deliveries
+    /// are counted and handed to the runtime like the others, never discarded.
     pub max_payload_bytes: usize,
     /// Whether the runtime dead-letters failed messages itself through a
     /// [`DeadLetterSink`](triage::runtime::DeadLetterSink). Default `false`.
     ///
     /// `false`: a `Failed` disposition is settled with `basic.reject(requeue = false)`, which
-    /// RabbitMQ routes to the queue's dead-letter exchange (`x-dead-letter-exchange`;
-    /// without one the message is discarded). `true`: the runtime resolves `Failed` only
-    /// after the sink's publish was confirmed, so the delivery is simply acked; a reject
-    /// would dead-letter it twice.
+    /// RabbitMQ routes to the queue's dead-letter exchange (`x-dead-letter-exchange`), so the
+    /// queue must have one: see [`QueueDeclareConfig::dead_letter_exchange`] (by default
+    /// triage gives it one; a queue it does not declare must name its own, or the
+    /// configuration is refused, since RabbitMQ discards what it rejects without one).
+    /// `true`: the runtime resolves `Failed` only after the sink's publish was confirmed, so
+    /// the delivery is simply acked (a reject would dead-letter it twice); a runtime without
+    /// a dead-letter sink refuses to attach such a source
+    /// ([`Source::needs_dead_letter_sink`](triage::runtime::Source::needs_dead_letter_sink)).
     pub dead_letter_via_sink: bool,
     /// Connection name shown by the broker (`rabbitmqctl list_connections
     /// client_properties`). Default `triage-amqp/<queue>`.
     pub connection_name: Option<String>,
     /// Retry schedule after a lost connection or channel.
     pub reconnect: ReconnectConfig,
+    /// How often the ready-message count of the consumed queues is measured for
+    /// [`Source::lag`](triage::runtime::Source::lag) (a passive `queue.declare` per queue on a
+    /// channel of its own), in milliseconds. Default 1,000; allowed `10..=600000`.
+    pub lag_refresh_ms: u64,
     /// Bound on [`shutdown`](triage::runtime::Source::shutdown): time to send the pending
     /// settlements and close the channel, in milliseconds. Default 5,000. Past it the
     /// connection is dropped; whatever was not acked is redelivered.
@@ -80,6 +101,7 @@ impl Default for AmqpSourceConfig {
         AmqpSourceConfig {
             uri: "amqp://127.0.0.1:5672/%2f".to_owned(),
             queue: String::new(),
+            tier_queues: Vec::new(),
             declare: QueueDeclareConfig::default(),
             prefetch: 100,
             classify: ClassifyConfig::default(),
@@ -88,6 +110,7 @@ impl Default for AmqpSourceConfig {
             dead_letter_via_sink: false,
             connection_name: None,
             reconnect: ReconnectConfig::default(),
+            lag_refresh_ms: 1_000,
             shutdown_timeout_ms: 5_000,
         }
     }
@@ -134,8 +157,34 @@ impl AmqpSourceConfig {
     /// `classify.priority.*` (not increasing), `shutdown_timeout_ms` (0 or above 10 min),
     /// `reconnect.*`.
     pub fn validate(&self, queue_capacity: usize) -> Result<(), ConfigError> {
-        if self.queue.is_empty() {
-            return Err(ConfigError::new("queue", "\"\"", "a non-empty queue name"));
+        if self.queue.is_empty() && self.tier_queues.is_empty() {
+            return Err(ConfigError::new(
+                "queue",
+                "\"\"",
+                "a non-empty queue name (or tier_queues)",
+            ));
+        }
+        if let Some(i) = self.tier_queues.iter().position(|t| t.queue.is_empty()) {
+            return Err(ConfigError::new(
+                format!("tier_queues[{i}].queue"),
+                "\"\"",
+                "a non-empty queue name",
+            ));
+        }
+        let names = self.queues();
+        if let Some((i, dup)) = names
+            .iter()
+            .enumerate()
+            .find(|(i, q)| names[..*i].contains(q))
+        {
+            return Err(ConfigError::new(
+                format!(
+                    "tier_queues[{}].queue",
+                    i - usize::from(!self.queue.is_empty())
+                ),
+                format!("{dup:?}"),
+                "a queue consumed once (not repeated in queue or tier_queues)",
+            ));
         }
         let max_prefetch = queue_capacity.min(usize::from(u16::MAX));
         if self.prefetch == 0 || usize::from(self.prefetch) > max_prefetch {
@@ -148,10 +197,30 @@ impl AmqpSourceConfig {
         if self.max_payload_bytes == 0 {
             return Err(ConfigError::new("max_payload_bytes", 0, "1.."));
         }
+        if !self.dead_letter_via_sink
+            && !self.declare.enabled
+            && self.declare.dead_letter_exchange.is_none()
+        {
+            // A failed delivery would be rejected, and RabbitMQ discards a rejected message
+            // of a queue without a dead-letter exchange.
+            return Err(ConfigError::new(
+                "declare.dead_letter_exchange",
+                "none",
+                "the dead-letter exchange the queue has (declare.enabled = false: triage \
+                 cannot give it one), or dead_letter_via_sink = true with a dead-letter sink",
+            ));
+        }
         self.classify
             .priority
             .validate()
             .map_err(|e| e.within("classify.priority"))?;
+        if !(10..=600_000).contains(&self.lag_refresh_ms) {
+            return Err(ConfigError::new(
+                "lag_refresh_ms",
+                self.lag_refresh_ms,
+                "10..=600000",
+            ));
+        }
         if self.shutdown_timeout_ms == 0 || self.shutdown_timeout_ms > 600_000 {
             return Err(ConfigError::new(
                 "shutdown_timeout_ms",
@@ -165,7 +234,105 @@ impl AmqpSourceConfig {
     pub(crate) fn connection_name(&self) -> String {
         self.connection_name
             .clone()
-            .unwrap_or_else(|| format!("triage-amqp/{}", self.queue))
+            .unwrap_or_else(|| format!("triage-amqp/{}", self.queues()[0]))
+    }
+
+    /// Every consumed queue with its fixed tier, in the order `next` reads them: `queue`
+    /// first (it may hold any tier), then the tier queues from Critical down.
+    pub(crate) fn slots(&self) -> Vec<(String, Option<Criticality>)> {
+        let mut slots = Vec::with_capacity(1 + self.tier_queues.len());
+        if !self.queue.is_empty() {
+            slots.push((self.queue.clone(), None));
+        }
+        let mut tiers: Vec<&TierQueue> = self.tier_queues.iter().collect();
+        // Stable: queues of one tier keep their configured order.
+        tiers.sort_by_key(|t| std::cmp::Reverse(t.tier.rank()));
+        slots.extend(tiers.into_iter().map(|t| (t.queue.clone(), Some(t.tier))));
+        slots
+    }
+
+    /// Where `queue`'s rejected deliveries go, if anywhere.
+    pub(crate) fn dead_letter(&self, queue: &str) -> DeadLetter {
+        match (&self.declare.dead_letter_exchange, self.declare.enabled) {
+            (Some(exchange), true) => DeadLetter::Declared {
+                exchange: exchange.clone(),
+                routing_key: self.declare.dead_letter_routing_key.clone(),
+            },
+            (Some(_), false) => DeadLetter::Existing,
+            (None, true) if !self.dead_letter_via_sink => DeadLetter::OwnQueue {
+                queue: format!("{queue}.dead"),
+            },
+            (None, _) => DeadLetter::None,
+        }
+    }
+
+    fn queues(&self) -> Vec<&str> {
+        std::iter::once(self.queue.as_str())
+            .filter(|q| !q.is_empty())
+            .chain(self.tier_queues.iter().map(|t| t.queue.as_str()))
+            .collect()
+    }
+}
+
+/// Where a consumed queue's rejected deliveries go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum DeadLetter {
+    /// Declared with these `x-dead-letter-*` arguments.
+    Declared {
+        exchange: String,
+        routing_key: Option<String>,
+    },
+    /// The queue is not declared by triage and has one (the configuration says so).
+    Existing,
+    /// Triage's default: `queue`, through the default exchange.
+    OwnQueue { queue: String },
+    /// None: nothing may be rejected (only with `dead_letter_via_sink`).
+    None,
+}
+
+impl DeadLetter {
+    /// Whether a `basic.reject(requeue = false)` keeps the message somewhere.
+    pub(crate) fn can_reject(&self) -> bool {
+        !matches!(self, DeadLetter::None)
+    }
+}
+
+/// One queue of a queue-per-tier layout: every delivery on it has `tier`.
+///
+/// # Examples
+///
+/// ```
+/// use triage::Criticality;
+/// use triage_amqp::AmqpSourceConfig;
+///
+/// let config: AmqpSourceConfig = toml::from_str(r#"
+///     [[tier_queues]]
+///     queue = "orders.critical"
+///     tier = "critical"
+///     [[tier_queues]]
+///     queue = "orders.sheddable"
+///     tier = "sheddable"
+/// "#)?;
+/// assert_eq!(config.tier_queues[1].tier, Criticality::Sheddable);
+/// config.validate(1_000)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierQueue {
+    /// The queue's name.
+    pub queue: String,
+    /// The tier of every delivery on it.
+    pub tier: Criticality,
+}
+
+impl TierQueue {
+    /// `queue`, whose deliveries all have `tier`.
+    pub fn new(queue: impl Into<String>, tier: Criticality) -> Self {
+        TierQueue {
+            queue: queue.into(),
+            tier,
+        }
     }
 }
 
@@ -183,9 +350,21 @@ pub struct QueueDeclareConfig {
     /// `x-max-priority`: makes it a priority queue with levels `0..=max_priority`. Default
     /// none (a plain FIFO queue).
     pub max_priority: Option<u8>,
-    /// `x-dead-letter-exchange`: where rejected (failed) deliveries go. Default none.
+    /// `x-dead-letter-exchange`: where rejected deliveries go (failed ones unless
+    /// `dead_letter_via_sink`, and those above `max_payload_bytes`). With `enabled = false`,
+    /// the exchange the queue already has (declared elsewhere or set by a policy): triage
+    /// cannot set it then, and refuses to start without it unless `dead_letter_via_sink`.
+    ///
+    /// Default none: with `enabled` and without `dead_letter_via_sink`, triage gives each
+    /// consumed queue a dead-letter queue of its own, `<queue>.dead` (durable, declared
+    /// beside it), through the default exchange (`x-dead-letter-exchange = ""`,
+    /// `x-dead-letter-routing-key = "<queue>.dead"`), so that nothing it rejects is
+    /// discarded. An existing queue declared without those arguments then fails the declare
+    /// with `PRECONDITION_FAILED` (inequivalent arg `x-dead-letter-exchange`): name its
+    /// dead-letter exchange here, or set `dead_letter_via_sink`.
     pub dead_letter_exchange: Option<String>,
-    /// `x-dead-letter-routing-key`. Default none (the message's own routing key).
+    /// `x-dead-letter-routing-key`, with `dead_letter_exchange`. Default none (the message's
+    /// own routing key).
     pub dead_letter_routing_key: Option<String>,
 }
 
@@ -368,6 +547,33 @@ mod tests {
                 .field(),
             "queue"
         );
+    }
+
+    #[test]
+    fn nothing_is_rejected_into_the_void() {
+        let c = AmqpSourceConfig::new("amqp://x", "q");
+        // Declared by triage: a dead-letter queue of its own by default.
+        assert_eq!(
+            c.dead_letter("q"),
+            DeadLetter::OwnQueue {
+                queue: "q.dead".into()
+            }
+        );
+        // Not declared by triage, no dead-letter exchange named, failed ones rejected: refused.
+        let mut managed = c.clone();
+        managed.declare.enabled = false;
+        let err = managed.validate(100).unwrap_err();
+        assert_eq!(err.field(), "declare.dead_letter_exchange");
+        assert!(err.to_string().contains("dead_letter_via_sink"), "{err}");
+        managed.declare.dead_letter_exchange = Some("dlx".into());
+        assert!(managed.validate(100).is_ok());
+        assert_eq!(managed.dead_letter("q"), DeadLetter::Existing);
+        // Through a sink: nothing to reject, so nothing declared either.
+        let mut via_sink = c.clone();
+        via_sink.dead_letter_via_sink = true;
+        via_sink.declare.enabled = false;
+        assert!(via_sink.validate(100).is_ok());
+        assert!(!via_sink.dead_letter("q").can_reject());
     }
 
     #[test]

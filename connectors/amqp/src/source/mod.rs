@@ -22,12 +22,25 @@
 //!
 //! # Connection loss
 //!
-//! A lost connection or channel is reopened from [`next`](Source::next) with exponential
-//! backoff and full jitter. Deliveries of the lost channel are requeued by the broker and
-//! come back with the `redelivered` flag; their old handles are stale and settle nothing.
+//! The connection, its channel and consumers belong to a task of their own (the `link`
+//! module), which moves deliveries into a buffer that [`next`](Source::next) only reads, and
+//! reopens a lost connection by itself: one attempt at a time, each counted
+//! (`connect_attempts`), with exponential backoff and full jitter between failures. A dropped
+//! `next` call never abandons a connection, and a paused source still notices a closed
+//! channel. Deliveries of the lost channel are requeued by the broker and come back with the
+//! `redelivered` flag; their old handles are stale and settle nothing.
+//!
+//! # Lag and a queue per tier
+//!
+//! [`lag`](Source::lag) is the consumed queues' ready-message count, measured every
+//! `lag_refresh_ms` by passive declares on a channel of their own. With
+//! [`tier_queues`](AmqpSourceConfig::tier_queues), [`pause_tiers`](Source::pause_tiers) stops
+//! reading the queues of the tiers being shed.
 
 mod classify;
 mod config;
+mod inbox;
+mod link;
 mod settle;
 
 use std::future::Future;
@@ -35,22 +48,22 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures_util::StreamExt;
-use lapin::options::{
-    BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions,
-};
-use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{Channel, Connection, Consumer};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use triage::quanta::Clock;
+use triage::queue::TierMask;
 use triage::runtime::{Ack, AckSink, Envelope, Source};
+use triage::Criticality;
 
 pub use config::{
     AmqpSourceConfig, ClassifyConfig, DeadlineConfig, PriorityMapping, QueueDeclareConfig,
+    TierQueue,
 };
 
 use self::classify::Classifier;
+use self::inbox::{Inbox, Received};
+use self::link::{Link, Stop};
 use self::settle::{Settle, Settler};
-use crate::connection::{self, Backoff};
 use crate::metrics::SourceMetrics;
 use crate::{AmqpError, AmqpMessage, AmqpSourceStats};
 
@@ -81,34 +94,36 @@ use crate::{AmqpError, AmqpMessage, AmqpSourceStats};
 /// # }
 /// ```
 pub struct AmqpSource {
-    config: AmqpSourceConfig,
-    queue: Arc<str>,
-    classifier: Classifier,
+    config: Arc<AmqpSourceConfig>,
+    /// Per slot (consumed queue, in read order): its name and classification rules.
+    slots: Vec<Slot>,
     clock: Clock,
     settler: Arc<Settler>,
     metrics: Arc<SourceMetrics>,
-    link: Option<Link>,
-    epoch: u64,
-    backoff: Backoff,
-    /// Earliest moment of the next connection attempt; kept across cancelled `next` calls.
-    retry_at: Option<tokio::time::Instant>,
+    inbox: Arc<Inbox>,
+    stop: watch::Sender<Stop>,
+    link: Option<JoinHandle<()>>,
     paused: bool,
     closed: bool,
 }
 
-/// A live connection, its channel and consumer.
-struct Link {
-    connection: Connection,
-    channel: Channel,
-    consumer: Consumer,
+/// One consumed queue.
+struct Slot {
+    queue: Arc<str>,
+    tier: Option<Criticality>,
+    /// Whether a rejected delivery of this queue reaches a dead-letter exchange.
+    can_reject: bool,
+    classifier: Classifier,
 }
 
 impl std::fmt::Debug for AmqpSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AmqpSource")
-            .field("queue", &self.queue)
-            .field("epoch", &self.epoch)
-            .field("connected", &self.link.is_some())
+            .field(
+                "queues",
+                &self.slots.iter().map(|s| &*s.queue).collect::<Vec<_>>(),
+            )
+            .field("epoch", &self.epoch())
             .field("paused", &self.paused)
             .field("closed", &self.closed)
             .finish_non_exhaustive()
@@ -117,9 +132,10 @@ impl std::fmt::Debug for AmqpSource {
 
 impl AmqpSource {
     /// Validates `config` against the runtime queue's capacity (in envelopes), connects,
-    /// declares the queue if configured, sets the prefetch and starts consuming.
+    /// declares the queues if configured, sets the prefetch and starts consuming.
     ///
-    /// Must be called within a tokio runtime: the settle task and lapin's I/O run on it.
+    /// Must be called within a tokio runtime: the link and settle tasks and lapin's I/O run
+    /// on it.
     ///
     /// # Errors
     ///
@@ -132,29 +148,54 @@ impl AmqpSource {
         queue_capacity: NonZeroUsize,
     ) -> Result<Self, AmqpError> {
         config.validate(queue_capacity.get())?;
-        let queue: Arc<str> = Arc::from(config.queue.as_str());
-        let metrics = SourceMetrics::new(&config.queue);
+        let config = Arc::new(config);
+        let slots: Vec<Slot> = config
+            .slots()
+            .into_iter()
+            .map(|(queue, tier)| Slot {
+                classifier: Classifier::new(
+                    config.classify.clone(),
+                    config.deadline.clone(),
+                    &queue,
+                    tier,
+                ),
+                can_reject: config.dead_letter(&queue).can_reject(),
+                queue: Arc::from(queue),
+                tier,
+            })
+            .collect();
+        let metrics = SourceMetrics::new(&slots[0].queue);
         let settler = Settler::spawn(Arc::clone(&metrics), config.dead_letter_via_sink);
-        let mut source = AmqpSource {
-            classifier: Classifier::new(
-                config.classify.clone(),
-                config.deadline.clone(),
-                &config.queue,
-            ),
-            backoff: Backoff::new(&config.reconnect),
+        let inbox = Arc::new(Inbox::new(slots.len()));
+        let mut link = Link {
+            config: Arc::clone(&config),
+            queues: slots.iter().map(|s| Arc::clone(&s.queue)).collect(),
+            settler: Arc::clone(&settler),
+            metrics: Arc::clone(&metrics),
+            inbox: Arc::clone(&inbox),
+            epoch: 0,
+        };
+        let live = match link.open().await {
+            Ok(live) => live,
+            Err(e) => {
+                metrics.connect_failures.incr();
+                return Err(e);
+            }
+        };
+        let (stop, stop_rx) = watch::channel(Stop::Run);
+        let task = tokio::spawn(link.run(live, stop_rx));
+        Ok(AmqpSource {
             config,
-            queue,
+            slots,
             clock: Clock::new(),
             settler,
             metrics,
-            link: None,
-            epoch: 0,
-            retry_at: None,
+            inbox,
+            stop,
+            link: Some(task),
             paused: false,
             closed: false,
-        };
-        source.open().await?;
-        Ok(source)
+        })
     }
 
     /// Reads deadlines against `clock` instead of the real one; use the runtime's clock.
@@ -164,14 +205,20 @@ impl AmqpSource {
         self
     }
 
-    /// The queue consumed.
+    /// The (first) queue consumed: `queue`, or the highest tier queue without one.
     pub fn queue(&self) -> &str {
-        &self.queue
+        &self.slots[0].queue
     }
 
     /// Counters since the source was created (see the [`metrics`](crate::metrics) table).
     pub fn stats(&self) -> AmqpSourceStats {
         self.metrics.snapshot()
+    }
+
+    /// A handle that reads the same counters as [`stats`](Self::stats), for when the source
+    /// itself has been moved into a runtime.
+    pub fn stats_handle(&self) -> AmqpStatsHandle {
+        AmqpStatsHandle(Arc::clone(&self.metrics))
     }
 
     /// Deliveries handed out on the current channel and not settled yet.
@@ -182,11 +229,7 @@ impl AmqpSource {
     /// The current channel's epoch: 1 for the first channel, one more per reconnection, 0
     /// while disconnected.
     pub fn epoch(&self) -> u64 {
-        if self.link.is_some() {
-            self.epoch
-        } else {
-            0
-        }
+        self.settler.epoch()
     }
 
     /// The sink behind every delivery's [`Ack`], to rebuild a handle from an
@@ -201,135 +244,37 @@ impl AmqpSource {
         self.paused
     }
 
-    /// One attempt at connection, channel, declare, qos and consume.
-    async fn open(&mut self) -> Result<(), AmqpError> {
-        let name = self.config.connection_name();
-        let connection = connection::connect(&self.config.uri, &name, &self.config.reconnect)
-            .await
-            .map_err(AmqpError::Connect)?;
-        match self.setup(&connection).await {
-            Ok((channel, consumer)) => {
-                self.epoch += 1;
-                if self.epoch > 1 {
-                    self.metrics.reconnects.incr();
-                }
-                self.settler
-                    .begin(self.epoch, u64::from(channel.id()), channel.clone());
-                self.link = Some(Link {
-                    connection,
-                    channel,
-                    consumer,
-                });
-                self.backoff.reset();
-                self.retry_at = None;
-                Ok(())
-            }
-            Err(e) => {
-                close_in_background(connection);
-                Err(e)
-            }
-        }
-    }
-
-    async fn setup(&self, connection: &Connection) -> Result<(Channel, Consumer), AmqpError> {
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(AmqpError::setup("channel.open"))?;
-        let declare = &self.config.declare;
-        if declare.enabled {
-            let mut args = FieldTable::default();
-            if let Some(p) = declare.max_priority {
-                args.insert("x-max-priority".into(), AMQPValue::ShortShortUInt(p));
-            }
-            if let Some(dlx) = &declare.dead_letter_exchange {
-                args.insert(
-                    "x-dead-letter-exchange".into(),
-                    AMQPValue::LongString(LongString::from(dlx.as_str())),
-                );
-            }
-            if let Some(key) = &declare.dead_letter_routing_key {
-                args.insert(
-                    "x-dead-letter-routing-key".into(),
-                    AMQPValue::LongString(LongString::from(key.as_str())),
-                );
-            }
-            channel
-                .queue_declare(
-                    &self.config.queue,
-                    QueueDeclareOptions {
-                        durable: declare.durable,
-                        ..QueueDeclareOptions::default()
-                    },
-                    args,
-                )
-                .await
-                .map_err(AmqpError::setup("queue.declare"))?;
-        }
-        // Per consumer (global = false), set before consuming so the bound applies from the
-        // first delivery.
-        channel
-            .basic_qos(self.config.prefetch, BasicQosOptions { global: false })
-            .await
-            .map_err(AmqpError::setup("basic.qos"))?;
-        let consumer = channel
-            .basic_consume(
-                &self.config.queue,
-                "",
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(AmqpError::setup("basic.consume"))?;
-        Ok((channel, consumer))
-    }
-
-    /// Forgets the current channel: its deliveries' handles become stale.
-    fn lose(&mut self) {
-        self.settler.lose();
-        if let Some(link) = self.link.take() {
-            close_in_background(link.connection);
-        }
-    }
-
-    /// Reconnects until it works; cancel safe (the backoff deadline lives in `self`).
-    async fn reconnect(&mut self) {
-        loop {
-            if let Some(at) = self.retry_at {
-                tokio::time::sleep_until(at).await;
-            }
-            match self.open().await {
-                Ok(()) => {
-                    tracing::info!(queue = %self.queue, epoch = self.epoch, "amqp consumer reconnected");
-                    return;
-                }
-                Err(e) => {
-                    self.metrics.connect_failures.incr();
-                    let delay = self.backoff.next_delay();
-                    tracing::warn!(queue = %self.queue, error = %e, retry_in_ms = delay.as_millis() as u64, "amqp consumer cannot reconnect");
-                    self.retry_at = Some(tokio::time::Instant::now() + delay);
-                }
-            }
-        }
-    }
-
-    /// Turns a delivery into an envelope, or settles it at once when it is unacceptable.
-    fn envelope(&mut self, delivery: lapin::message::Delivery) -> Option<Envelope<AmqpMessage>> {
+    /// Turns a delivery into an envelope, or settles it at once when it is unacceptable;
+    /// `None` also for a delivery of a channel that is gone (the broker requeued it).
+    fn envelope(&mut self, received: Received) -> Option<Envelope<AmqpMessage>> {
+        let Received {
+            slot,
+            epoch,
+            delivery,
+        } = received;
+        let Some(token) = self.settler.track(epoch, delivery.delivery_tag) else {
+            self.metrics.dropped_buffered.incr();
+            return None;
+        };
         self.metrics.deliveries.incr();
         if delivery.redelivered {
             self.metrics.redelivered.incr();
         }
-        let token = self.settler.track(delivery.delivery_tag);
         let size = delivery.data.len();
+        let slot = &self.slots[slot];
         if size > self.config.max_payload_bytes {
             self.metrics.oversize.incr();
-            self.settler.settle(token, Settle::Reject);
-            return None;
+            if slot.can_reject {
+                self.settler.settle(token, Settle::Reject);
+                return None;
+            }
+            // No dead-letter exchange: a reject would discard it. The runtime's dead-letter
+            // sink (dead_letter_via_sink) keeps it if the handler fails it.
         }
         let now_unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        let class = self.classifier.classify(&delivery.properties, now_unix_ms);
+        let class = slot.classifier.classify(&delivery.properties, now_unix_ms);
         if let Some(reason) = class.unclassified {
             self.metrics.unclassified(reason);
         }
@@ -338,7 +283,7 @@ impl AmqpSource {
             self.clock.now() + Duration::from_millis(at.saturating_sub(now_unix_ms))
         });
         let ack = Ack::new(Arc::clone(&self.settler) as Arc<dyn AckSink>, token);
-        let message = AmqpMessage::from_delivery(delivery, Arc::clone(&self.queue));
+        let message = AmqpMessage::from_delivery(delivery, Arc::clone(&slot.queue));
         Some(
             Envelope::new(message, class.criticality, ack)
                 .with_attempt(class.attempt)
@@ -357,84 +302,57 @@ impl AmqpSource {
             if self.closed {
                 return None;
             }
-            let Some(link) = self.link.as_mut() else {
-                self.reconnect().await;
+            // No await between taking a delivery and returning it: cancel safe.
+            if let Some(received) = self.inbox.pop() {
+                if let Some(envelope) = self.envelope(received) {
+                    return Some(envelope);
+                }
                 continue;
-            };
-            match link.consumer.next().await {
-                Some(Ok(delivery)) => {
-                    if !link.channel.status().connected() {
-                        // Buffered by lapin before the channel died: the broker has requeued
-                        // it already, so processing it now would only be duplicate work.
-                        self.metrics.dropped_buffered.incr();
-                        continue;
-                    }
-                    if let Some(envelope) = self.envelope(delivery) {
-                        return Some(envelope);
-                    }
-                }
-                Some(Err(e)) => {
-                    tracing::warn!(queue = %self.queue, error = %e, "amqp consumer lost its channel");
-                    self.lose();
-                }
-                None => {
-                    // Cancelled by the broker (queue deleted) or by a closing channel.
-                    tracing::warn!(queue = %self.queue, "amqp consumer cancelled");
-                    self.lose();
-                }
             }
+            if self.inbox.is_finished() {
+                return None;
+            }
+            self.inbox.wait().await;
         }
     }
 
     async fn close(&mut self) {
         self.closed = true;
+        let _ = self.stop.send(Stop::Shutdown);
         let timeout = Duration::from_millis(self.config.shutdown_timeout_ms);
-        let link = self.link.take();
-        let settler = Arc::clone(&self.settler);
-        let queue = Arc::clone(&self.queue);
-        let graceful = async move {
-            if let Some(link) = &link {
-                // No more deliveries; those lapin already buffered are requeued by the close.
-                let tag = link.consumer.tag();
-                let _ = link
-                    .channel
-                    .basic_cancel(tag.as_str(), BasicCancelOptions::default())
-                    .await;
+        if let Some(mut task) = self.link.take() {
+            if tokio::time::timeout(timeout, &mut task).await.is_err() {
+                tracing::warn!(queue = %self.queue(), timeout_ms = timeout.as_millis() as u64, "amqp consumer shutdown timed out");
+                // Dropping the connection requeues whatever was not settled.
+                task.abort();
             }
-            // Everything resolved before this point goes out before the close.
-            settler.flush().await;
-            if let Some(link) = &link {
-                let _ = link.channel.close(200, "shutdown").await;
-                let _ = link.connection.close(200, "shutdown").await;
-            }
-        };
-        if tokio::time::timeout(timeout, graceful).await.is_err() {
-            tracing::warn!(queue = %queue, timeout_ms = timeout.as_millis() as u64, "amqp consumer shutdown timed out");
         }
         self.settler.lose();
     }
 }
 
-fn close_in_background(connection: Connection) {
-    tokio::spawn(async move {
-        let _ = tokio::time::timeout(
-            Duration::from_secs(5),
-            connection.close(200, "reconnecting"),
-        )
-        .await;
-    });
+/// Reads an [`AmqpSource`]'s counters after the source was moved (into a runtime).
+#[derive(Clone, Debug)]
+pub struct AmqpStatsHandle(Arc<SourceMetrics>);
+
+impl AmqpStatsHandle {
+    /// The counters now, as [`AmqpSource::stats`] returns them.
+    pub fn stats(&self) -> AmqpSourceStats {
+        self.0.snapshot()
+    }
 }
 
 impl Source for AmqpSource {
     type Payload = AmqpMessage;
 
-    /// The next classified delivery, reconnecting as needed; `None` after
-    /// [`shutdown`](Source::shutdown). While [paused](Source::pause) it waits without pulling.
+    /// The next classified delivery; `None` after [`shutdown`](Source::shutdown). While
+    /// [paused](Source::pause) it waits without pulling. Reconnecting is the link task's
+    /// business: this only waits for what it receives.
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: a delivery is only taken from lapin's buffer when it is returned, and the
-    /// reconnection backoff survives a dropped call.
+    /// Cancel safe: a delivery is only taken from the buffer when it is returned, and a
+    /// dropped call leaves no work behind (the connection belongs to the link task).
     fn next(&mut self) -> impl Future<Output = Option<Envelope<AmqpMessage>>> + Send {
         self.next_envelope()
     }
@@ -447,7 +365,32 @@ impl Source for AmqpSource {
         self.paused = false;
     }
 
-    /// Cancels the consumer, sends every settlement already resolved, then closes the
+    /// The ready messages of the consumed queues at the last measurement (every
+    /// `lag_refresh_ms`); `None` before the first one and while disconnected.
+    fn lag(&self) -> Option<u64> {
+        self.inbox.lag()
+    }
+
+    /// Stops reading the [`tier_queues`](AmqpSourceConfig::tier_queues) of the tiers in
+    /// `tiers`, resumes the others. The mixed `queue` is always read.
+    fn pause_tiers(&mut self, tiers: TierMask) {
+        let paused: Vec<bool> = self
+            .slots
+            .iter()
+            .map(|s| s.tier.is_some_and(|t| tiers.contains(t)))
+            .collect();
+        self.inbox.set_paused(|slot| paused[slot]);
+    }
+
+    /// `dead_letter_via_sink` when it is set: `Failed` deliveries are then acknowledged, so
+    /// the runtime must keep their copy.
+    fn needs_dead_letter_sink(&self) -> Option<&'static str> {
+        self.config
+            .dead_letter_via_sink
+            .then_some("dead_letter_via_sink")
+    }
+
+    /// Cancels the consumers, sends every settlement already resolved, then closes the
     /// channel and the connection; bounded by `shutdown_timeout_ms` even with the broker
     /// down. Deliveries not settled by then are redelivered by the broker.
     fn shutdown(&mut self) -> impl Future<Output = ()> + Send {

@@ -118,15 +118,24 @@ impl Settler {
         state.tags = HashSet::new();
     }
 
-    /// Registers a delivery of the current epoch; its token.
-    pub(crate) fn track(&self, tag: u64) -> AckRef {
+    /// Registers a delivery received on the channel of `epoch`; its token, or `None` when
+    /// that channel is gone (the broker has requeued the delivery).
+    pub(crate) fn track(&self, epoch: u64, tag: u64) -> Option<AckRef> {
         let mut state = self.lock();
+        if epoch != state.epoch || epoch == 0 {
+            return None;
+        }
         state.tags.insert(tag);
-        AckRef {
+        Some(AckRef {
             stream: state.stream,
             position: tag,
-            epoch: state.epoch,
-        }
+            epoch,
+        })
+    }
+
+    /// The current epoch; 0 while disconnected.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.lock().epoch
     }
 
     /// Deliveries handed out and not settled yet, in the current epoch.

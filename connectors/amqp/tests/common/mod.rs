@@ -12,7 +12,7 @@ use lapin::options::{
     BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
     ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 
 pub fn uri() -> String {
@@ -58,7 +58,30 @@ pub async fn admin() -> (Connection, Channel) {
     (conn, ch)
 }
 
-pub async fn declare(ch: &Channel, queue: &str, args: FieldTable) {
+/// Declares `queue` durable with `args`, plus the dead-letter queue `AmqpSource` gives a queue
+/// by default (`<queue>.dead` through the default exchange) unless `args` name another.
+pub async fn declare(ch: &Channel, queue: &str, mut args: FieldTable) {
+    if !args.contains_key("x-dead-letter-exchange") {
+        let dead = format!("{queue}.dead");
+        declare_plain(ch, &dead).await;
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
+        args.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(dead.as_str().into()),
+        );
+    }
+    declare_with(ch, queue, args).await;
+}
+
+/// Declares `queue` durable, without arguments.
+pub async fn declare_plain(ch: &Channel, queue: &str) {
+    declare_with(ch, queue, FieldTable::default()).await;
+}
+
+async fn declare_with(ch: &Channel, queue: &str, args: FieldTable) {
     ch.queue_declare(
         queue,
         QueueDeclareOptions {
@@ -86,7 +109,7 @@ pub async fn dead_letter_pair(ch: &Channel, prefix: &str) -> (String, String) {
     )
     .await
     .expect("dlx");
-    declare(ch, &dlq, FieldTable::default()).await;
+    declare_plain(ch, &dlq).await;
     ch.queue_bind(
         dlq.as_str(),
         dlx.as_str(),
@@ -198,8 +221,12 @@ pub async fn drain(ch: &Channel, queue: &str) -> Vec<lapin::message::BasicGetMes
     out
 }
 
+/// Deletes `queue` and its default dead-letter queue, if any.
 pub async fn delete(ch: &Channel, queue: &str) {
     let _ = ch.queue_delete(queue, QueueDeleteOptions::default()).await;
+    let _ = ch
+        .queue_delete(&format!("{queue}.dead"), QueueDeleteOptions::default())
+        .await;
 }
 
 /// Consumes `queue` with a plain lapin consumer (used by the bench and checks).
@@ -239,4 +266,73 @@ pub fn rss_kib() -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmRSS")
+}
+
+/// Pids of the broker's connections whose client-provided name is `name`.
+pub fn connections_named(name: &str) -> Vec<String> {
+    let out = Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "list_connections",
+            "--no-table-headers",
+            "pid",
+            "client_properties",
+        ])
+        .output()
+        .expect("rabbitmqctl");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| line.contains(&format!("\"{name}\"")))
+        .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+/// Consumers on `queue`, from `rabbitmqctl list_queues`; 0 when the broker does not answer
+/// (an overloaded broker's `rabbitmqctl` can time out with nothing printed).
+pub fn consumers(queue: &str) -> u64 {
+    let out = Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "list_queues",
+            "--no-table-headers",
+            "name",
+            "consumers",
+        ])
+        .output()
+        .expect("rabbitmqctl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            (cols.len() == 2 && cols[0] == queue).then(|| cols[1].parse().unwrap())
+        })
+        .next()
+        .unwrap_or(0)
+}
+
+/// What the broker showed of one client's connections while it was sampled.
+#[derive(Debug, Default)]
+pub struct ConnectionSamples {
+    /// Distinct connection pids seen.
+    pub distinct: std::collections::HashSet<String>,
+    /// Most connections open at once in one sample.
+    pub max_at_once: usize,
+    /// Samples taken.
+    pub samples: usize,
+}
+
+impl ConnectionSamples {
+    pub fn sample(&mut self, name: &str) -> usize {
+        let now = connections_named(name);
+        eprintln!(
+            "sample {}: {} connections named {name}",
+            self.samples,
+            now.len()
+        );
+        self.max_at_once = self.max_at_once.max(now.len());
+        self.samples += 1;
+        let n = now.len();
+        self.distinct.extend(now);
+        n
+    }
 }

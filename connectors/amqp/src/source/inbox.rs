@@ -1,0 +1,154 @@
+//! Deliveries received by the link task and not yet taken by [`next`](super::AmqpSource):
+//! the state the two share, in a file of its own so that neither imports the other.
+//!
+//! One buffer per consumed queue (a *slot*), each bounded by the prefetch: the broker sends a
+//! consumer at most `prefetch` unsettled deliveries, and nothing here is settled before it
+//! has been taken. A slot whose tier the runtime is shedding is skipped by [`Inbox::pop`]
+//! (`Source::pause_tiers`): its deliveries stay in the buffer, the broker keeps the rest of
+//! that queue, and the other slots are read as usual.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use lapin::message::Delivery;
+use tokio::sync::Notify;
+
+/// One received delivery: its slot and the epoch of the channel it came on.
+#[derive(Debug)]
+pub(crate) struct Received {
+    pub(crate) slot: usize,
+    pub(crate) epoch: u64,
+    pub(crate) delivery: Delivery,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Per slot, oldest first.
+    slots: Vec<VecDeque<(u64, Delivery)>>,
+    /// Per slot, whether its tier is paused.
+    paused: Vec<bool>,
+    /// The link task has stopped: nothing more will arrive.
+    finished: bool,
+}
+
+/// The buffers, a wake-up for `next`, and the lag the link task measured.
+#[derive(Debug)]
+pub(crate) struct Inbox {
+    state: Mutex<State>,
+    arrived: Notify,
+    /// Ready messages in the consumed queues at the last measurement; `u64::MAX`: unknown.
+    lag: AtomicU64,
+}
+
+impl Inbox {
+    pub(crate) fn new(slots: usize) -> Self {
+        Inbox {
+            state: Mutex::new(State {
+                slots: (0..slots).map(|_| VecDeque::new()).collect(),
+                paused: vec![false; slots],
+                finished: false,
+            }),
+            arrived: Notify::new(),
+            lag: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every step under the lock is a single push, pop or clear: a panic elsewhere cannot
+        // leave it half done, so a poisoned lock is still consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A delivery arrived on `slot` in channel `epoch`.
+    pub(crate) fn push(&self, slot: usize, epoch: u64, delivery: Delivery) {
+        let readable = {
+            let mut state = self.lock();
+            state.slots[slot].push_back((epoch, delivery));
+            !state.paused[slot]
+        };
+        if readable {
+            self.arrived.notify_one();
+        }
+    }
+
+    /// The channel is gone: the broker has requeued everything it sent on it, so the buffered
+    /// deliveries are dropped unseen. Returns how many.
+    pub(crate) fn clear(&self) -> usize {
+        let mut state = self.lock();
+        let mut dropped = 0;
+        for slot in &mut state.slots {
+            dropped += slot.len();
+            slot.clear();
+        }
+        dropped
+    }
+
+    /// The oldest delivery of the first slot (in slot order) that is not paused.
+    pub(crate) fn pop(&self) -> Option<Received> {
+        let mut state = self.lock();
+        let State { slots, paused, .. } = &mut *state;
+        slots
+            .iter_mut()
+            .zip(paused.iter())
+            .enumerate()
+            .find_map(|(slot, (buffer, &paused))| {
+                if paused {
+                    return None;
+                }
+                buffer.pop_front().map(|(epoch, delivery)| Received {
+                    slot,
+                    epoch,
+                    delivery,
+                })
+            })
+    }
+
+    /// Pauses (`true`) or resumes each slot; wakes `next` when a slot with deliveries resumes.
+    pub(crate) fn set_paused(&self, paused: impl Fn(usize) -> bool) {
+        let wake = {
+            let mut state = self.lock();
+            let mut wake = false;
+            for slot in 0..state.paused.len() {
+                let now = paused(slot);
+                wake |= state.paused[slot] && !now && !state.slots[slot].is_empty();
+                state.paused[slot] = now;
+            }
+            wake
+        };
+        if wake {
+            self.arrived.notify_one();
+        }
+    }
+
+    /// Whether the link task has stopped and every readable delivery was taken.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.lock().finished
+    }
+
+    /// The link task stopped.
+    pub(crate) fn finish(&self) {
+        self.lock().finished = true;
+        self.arrived.notify_one();
+    }
+
+    /// Waits for a push, a resume or the end (or returns at once if one happened since the
+    /// last wait: `Notify` keeps one permit).
+    pub(crate) async fn wait(&self) {
+        self.arrived.notified().await;
+    }
+
+    pub(crate) fn set_lag(&self, lag: Option<u64>) {
+        self.lag.store(
+            lag.map_or(u64::MAX, |l| l.min(u64::MAX - 1)),
+            Ordering::Relaxed,
+        );
+    }
+
+    pub(crate) fn lag(&self) -> Option<u64> {
+        match self.lag.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            l => Some(l),
+        }
+    }
+}
