@@ -1,10 +1,11 @@
 //! Queue benches, each against its baseline in the same run:
 //!
 //! - `push_pop/*`: one thread, push then pop, against crossbeam's `ArrayQueue`, a `VecDeque`,
-//!   and a naive `Mutex<[VecDeque; 4]>` priority queue;
+//!   and a naive `Mutex<[VecDeque; 4]>` priority queue; `*_batch32` does the same work with
+//!   `push_batch`/`pop_batch` of 32;
 //! - `mpmc/*`: 4 producers and 2 consumers moving 100,000 items through a bounded queue of
 //!   1,024, against a bounded crossbeam-channel, a bounded async-channel and tokio's bounded
-//!   mpsc (async consumers for the async ones);
+//!   mpsc (async consumers for the async ones); `triage_wfq_batch32` moves them in batches;
 //! - `refuse/*` and `evict/*`: the cost of the refuse paths (full, overloaded) and of an
 //!   eviction, in ns per push;
 //! - `runtime_refuse/*`: the runtime's whole admit-or-refuse decision (`Runtime::try_submit`),
@@ -19,9 +20,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use std::sync::atomic::Ordering;
 use triage::admission::QueueAgeConfig;
 use triage::quanta::Clock;
-use triage::queue::{Dequeued, Meta, WfqConfig, WfqQueue};
+use triage::queue::{Dequeued, Meta, PopTimeoutError, WfqConfig, WfqQueue};
 use triage::runtime::{Ack, Envelope, Job, RefusalPolicy, Runtime, RuntimeConfig};
 use triage::{Criticality, PerTier};
 
@@ -51,6 +53,32 @@ fn push_pop(c: &mut Criterion) {
             let tier = Criticality::ALL[(i & 3) as usize];
             let _ = q.push(black_box(i), Meta::new(tier));
             black_box(q.try_pop().ok());
+        })
+    });
+    // The same work in batches of 32 (`push_batch` then `pop_batch`): the lock, the wake-up
+    // check and the clock read are paid once per batch. Time per item.
+    let q = WfqQueue::new(WfqConfig::with_capacity(1024)).expect("valid config");
+    g.bench_function("triage_wfq_with_admission_batch32", |b| {
+        let mut i = 0u64;
+        let (mut removed, mut refused, mut out) = (Vec::new(), Vec::new(), Vec::new());
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            let mut left = iters;
+            while left > 0 {
+                let n = left.min(32);
+                left -= n;
+                let batch = (0..n).map(|k| {
+                    i += 1;
+                    (
+                        black_box(i),
+                        Meta::new(Criticality::ALL[((i + k) & 3) as usize]),
+                    )
+                });
+                q.push_batch(batch, &mut removed, &mut refused);
+                let _ = q.pop_batch(32, &mut out);
+                black_box(out.drain(..).count());
+            }
+            start.elapsed()
         })
     });
     let aq = crossbeam_queue::ArrayQueue::new(1024);
@@ -163,6 +191,92 @@ fn mpmc(c: &mut Criterion) {
                             _ => 0,
                         },
                     )
+                })
+                .sum()
+        })
+    });
+    g.bench_function("triage_wfq_batch32", |b| {
+        // The same items in batches of 32: producers `push_batch` and hand refused items
+        // (full) to the next batch after yielding; consumers `pop_batch` and block in
+        // `pop_timeout` only when nothing is queued.
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| {
+                    let q = Arc::new(wfq(1024));
+                    let qc = Arc::clone(&q);
+                    let served = Arc::new(std::sync::atomic::AtomicU64::new(0));
+                    let done = Arc::clone(&served);
+                    let barrier = Arc::new(Barrier::new((PRODUCERS + CONSUMERS + 1) as usize));
+                    let mut hs = Vec::new();
+                    for p in 0..PRODUCERS {
+                        let (q, barrier) = (Arc::clone(&q), Arc::clone(&barrier));
+                        hs.push(thread::spawn(move || {
+                            barrier.wait();
+                            let (mut removed, mut refused) = (Vec::new(), Vec::new());
+                            let mut pending: Vec<(u64, Criticality)> = Vec::new();
+                            let mut next = 0;
+                            let per = MPMC_ITEMS / PRODUCERS;
+                            while next < per || !pending.is_empty() {
+                                while pending.len() < 32 && next < per {
+                                    let i = p * MPMC_ITEMS + next;
+                                    pending.push((i, Criticality::ALL[(i & 3) as usize]));
+                                    next += 1;
+                                }
+                                q.push_batch(
+                                    pending.drain(..).map(|(i, t)| (i, Meta::new(t))),
+                                    &mut removed,
+                                    &mut refused,
+                                );
+                                pending.extend(
+                                    removed
+                                        .drain(..)
+                                        .map(|r| (r.into_inner(), Criticality::Sheddable)),
+                                );
+                                if !refused.is_empty() {
+                                    pending.extend(
+                                        refused
+                                            .drain(..)
+                                            .map(|e| (e.into_inner(), Criticality::Sheddable)),
+                                    );
+                                    thread::yield_now();
+                                }
+                            }
+                        }));
+                    }
+                    for _ in 0..CONSUMERS {
+                        let (q, barrier, served) =
+                            (Arc::clone(&qc), Arc::clone(&barrier), Arc::clone(&served));
+                        hs.push(thread::spawn(move || {
+                            barrier.wait();
+                            let mut out = Vec::new();
+                            loop {
+                                match q.pop_batch(32, &mut out) {
+                                    Ok(n) => {
+                                        out.clear();
+                                        served.fetch_add(n as u64, Ordering::Relaxed);
+                                    }
+                                    Err(_) => match q.pop_timeout(Duration::from_millis(1)) {
+                                        Ok(_) => {
+                                            served.fetch_add(1, Ordering::Relaxed);
+                                        }
+                                        Err(PopTimeoutError::Closed) => return,
+                                        Err(_) => {}
+                                    },
+                                }
+                            }
+                        }));
+                    }
+                    barrier.wait();
+                    let start = Instant::now();
+                    while done.load(Ordering::Relaxed) < MPMC_ITEMS {
+                        thread::yield_now();
+                    }
+                    let elapsed = start.elapsed();
+                    let _ = qc.close();
+                    for h in hs {
+                        h.join().expect("no panic");
+                    }
+                    elapsed
                 })
                 .sum()
         })

@@ -381,3 +381,123 @@ fn expired_items_do_not_hold_the_room() {
     assert_eq!(removed, vec![(11, true)], "the live Sheddable item stays");
     assert_eq!(queue.depths()[Criticality::Sheddable], 1);
 }
+
+#[derive(Clone, Debug)]
+enum BatchAction {
+    Push(Vec<(Criticality, Option<u16>, u16)>),
+    Pop { max: usize, mask: u8 },
+    Advance(u16),
+}
+
+fn batch_action() -> impl Strategy<Value = BatchAction> {
+    let push = (tier(), proptest::option::weighted(0.5, 0..200u16), 0..64u16);
+    prop_oneof![
+        3 => proptest::collection::vec(push, 0..12).prop_map(BatchAction::Push),
+        3 => (0..12usize, 1..16u8).prop_map(|(max, mask)| BatchAction::Pop { max, mask }),
+        1 => (0..100u16).prop_map(BatchAction::Advance),
+    ]
+}
+
+/// What an operation handed back, comparable across the single and the batch forms.
+#[derive(Debug, PartialEq, Eq)]
+enum Out {
+    Removed(u64, bool),
+    Refused(u64, String),
+    Served(u64, bool),
+}
+
+/// `push_batch` and `pop_batch_masked` decide exactly as the same pushes and pops one by one:
+/// the same items removed, refused, served and expired, in the same order, the same counters.
+fn run_batches(actions: Vec<BatchAction>, admission: bool) -> Result<(), TestCaseError> {
+    use triage::queue::TierMask;
+    let (clock, mock) = Clock::mock();
+    let origin = clock.now();
+    let single =
+        WfqQueue::with_clock(config(8, Some(300), [8, 4, 2, 1], admission), clock.clone()).unwrap();
+    let batch = WfqQueue::with_clock(config(8, Some(300), [8, 4, 2, 1], admission), clock).unwrap();
+    let mut now_ms = 0u64;
+    let mut next_id = 0u64;
+    let (mut removed, mut refused, mut served) = (Vec::new(), Vec::new(), Vec::new());
+    for action in actions {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        match action {
+            BatchAction::Push(items) => {
+                let items: Vec<(u64, Meta)> = items
+                    .into_iter()
+                    .map(|(tier, deadline, size)| {
+                        next_id += 1;
+                        let mut meta = Meta::new(tier).size_bytes(usize::from(size));
+                        if let Some(d) = deadline {
+                            meta = meta
+                                .deadline(origin + Duration::from_millis(now_ms + u64::from(d)));
+                        }
+                        (next_id, meta)
+                    })
+                    .collect();
+                let n = items.len();
+                for (id, meta) in items.clone() {
+                    match single.push(id, meta) {
+                        Ok(r) => a.extend(r.map(|r| Out::Removed(*r.item(), r.is_expired()))),
+                        Err(e) => a.push(Out::Refused(id, e.to_string())),
+                    }
+                }
+                let queued = batch.push_batch(items, &mut removed, &mut refused);
+                b.extend(
+                    removed
+                        .drain(..)
+                        .map(|r| Out::Removed(*r.item(), r.is_expired())),
+                );
+                b.extend(refused.drain(..).map(|e| {
+                    let reason = e.to_string();
+                    Out::Refused(e.into_inner(), reason)
+                }));
+                // Batches report removals first, then refusals: compare as multisets.
+                a.sort_by_key(|o| format!("{o:?}"));
+                b.sort_by_key(|o| format!("{o:?}"));
+                let refusals = a.iter().filter(|o| matches!(o, Out::Refused(..))).count();
+                prop_assert_eq!(queued + refusals, n);
+            }
+            BatchAction::Pop { max, mask } => {
+                let mask = TierMask::from_bits(mask);
+                for _ in 0..max {
+                    match single.try_pop_masked(mask) {
+                        Ok(d) => a.push(Out::Served(*d.entry().item(), d.is_expired())),
+                        Err(_) => break,
+                    }
+                }
+                let _ = batch.pop_batch_masked(mask, max, &mut served);
+                b.extend(
+                    served
+                        .drain(..)
+                        .map(|d| Out::Served(*d.entry().item(), d.is_expired())),
+                );
+            }
+            BatchAction::Advance(ms) => {
+                mock.increment(Duration::from_millis(u64::from(ms)));
+                now_ms += u64::from(ms);
+            }
+        }
+        prop_assert_eq!(a, b);
+        prop_assert_eq!(single.stats(), batch.stats());
+        prop_assert_eq!(single.shed_level(), batch.shed_level());
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "proptest-regressions/queue_model.txt",
+        ))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn batches_decide_as_single_operations(
+        actions in proptest::collection::vec(batch_action(), 1..100),
+        admission in any::<bool>(),
+    ) {
+        run_batches(actions, admission)?;
+    }
+}

@@ -6,9 +6,9 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use quanta::Instant;
-use smallvec::SmallVec;
 
 use super::scheduler::Stride;
+use super::time::DEADLINE_WINDOW;
 use super::{
     Dequeued, Entry, Evictions, Meta, PushError, QueueStats, RefuseReason, Removed, TierStats,
 };
@@ -24,6 +24,10 @@ pub(crate) struct Core<T> {
     capacity: usize,
     max_bytes: Option<usize>,
     sched: Stride,
+    /// Bit `rank` set per non-empty tier, kept as items come and go.
+    backlog: u8,
+    /// Items taken out by pops (served or expired).
+    pops: u64,
     stats: [TierStats; 4],
     closed: bool,
     /// At or before every deadline held (a lower bound: serving the earliest does not raise
@@ -42,6 +46,8 @@ impl<T> Core<T> {
             capacity,
             max_bytes,
             sched: Stride::new(weights),
+            backlog: 0,
+            pops: 0,
             stats: [TierStats::default(); 4],
             closed: false,
             earliest_deadline: None,
@@ -60,13 +66,21 @@ impl<T> Core<T> {
 
     #[inline]
     pub(crate) fn backlogged(&self) -> u8 {
-        let mut mask = 0;
-        for (rank, q) in self.tiers.iter().enumerate() {
-            if !q.is_empty() {
-                mask |= 1 << rank;
-            }
-        }
-        mask
+        self.backlog
+    }
+
+    /// Items taken out by pops so far.
+    #[inline]
+    pub(crate) fn pops(&self) -> u64 {
+        self.pops
+    }
+
+    /// When the oldest item held was queued (`None` when empty): the oldest of the heads.
+    pub(crate) fn oldest(&self) -> Option<Instant> {
+        self.tiers
+            .iter()
+            .filter_map(|t| t.front().map(|e| e.enqueued_at))
+            .min()
     }
 
     /// Counts a refusal decided outside the lock (admission) into this tier's stats.
@@ -88,7 +102,54 @@ impl<T> Core<T> {
     /// All-or-nothing: if the room cannot be made, nothing is removed.
     /// On success also says whether the item became its tier's head (the tier was empty), the
     /// only way a push changes the queue ages.
+    #[inline]
     pub(crate) fn push(
+        &mut self,
+        item: T,
+        meta: Meta,
+        now: Instant,
+        precise: impl FnOnce() -> Instant,
+    ) -> Result<(Evictions<T>, bool), PushError<T>> {
+        let size = meta.size_bytes;
+        // The common case: room, open, no budget exceeded. One branch, no eviction set built.
+        if self.len < self.capacity
+            && !self.closed
+            && size <= self.max_bytes.unwrap_or(usize::MAX) - self.total_bytes
+        {
+            let new_head = self.enqueue(item, meta, now);
+            return Ok((Evictions::none(), new_head));
+        }
+        self.push_slow(item, meta, now, precise)
+    }
+
+    #[inline]
+    fn enqueue(&mut self, item: T, meta: Meta, now: Instant) -> bool {
+        let rank = meta.criticality.rank();
+        let size = meta.size_bytes;
+        if let Some(d) = meta.deadline {
+            if self.earliest_deadline.is_none_or(|e| d < e) {
+                self.earliest_deadline = Some(d);
+            }
+        }
+        let was_empty = self.backlog & (1 << rank) == 0;
+        self.tiers[rank].push_back(Entry {
+            item,
+            meta,
+            enqueued_at: now,
+        });
+        if was_empty {
+            self.backlog |= 1 << rank;
+            self.sched.activate(rank);
+        }
+        self.len += 1;
+        self.bytes[rank] += size;
+        self.total_bytes += size;
+        self.stats[rank].pushed += 1;
+        was_empty
+    }
+
+    #[cold]
+    fn push_slow(
         &mut self,
         item: T,
         meta: Meta,
@@ -104,42 +165,41 @@ impl<T> Core<T> {
         if size > max_bytes {
             return Err(self.refuse(RefuseReason::TooLarge, meta.criticality, item));
         }
-        let mut removed = SmallVec::new();
-        if self.len >= self.capacity || self.total_bytes + size > max_bytes {
-            let expiry = self.expiry_cutoff(now, precise);
-            if !self.can_make_room(rank, size, max_bytes, expiry) {
-                return Err(self.refuse(RefuseReason::Full, meta.criticality, item));
-            }
-            if let Some(cutoff) = expiry {
-                self.remove_expired(cutoff, &mut removed);
-            }
-            while self.len >= self.capacity || self.total_bytes + size > max_bytes {
-                match self.evict_below(rank) {
-                    Some(e) => removed.push(Removed::Evicted(e)),
-                    // Unreachable given the check above; refusing keeps the bound regardless.
-                    None => return Err(self.refuse(RefuseReason::Full, meta.criticality, item)),
+        let expiry = self.expiry_cutoff(now, precise);
+        // Full by count, nothing expired, nothing below: the usual refusal, decided from the
+        // backlog bits without counting.
+        let nothing_below = self.backlog & ((1u8 << rank) - 1) == 0;
+        if expiry.is_none() && nothing_below && self.len >= self.capacity {
+            return Err(self.refuse(RefuseReason::Full, meta.criticality, item));
+        }
+        if !self.can_make_room(rank, size, max_bytes, expiry) {
+            return Err(self.refuse(RefuseReason::Full, meta.criticality, item));
+        }
+        let mut removed = Vec::new();
+        if let Some(cutoff) = expiry {
+            self.remove_expired(cutoff, &mut removed);
+        }
+        let mut one = None;
+        while self.len >= self.capacity || self.total_bytes + size > max_bytes {
+            match self.evict_below(rank) {
+                // One eviction and nothing expired, the usual case, needs no allocation.
+                Some(e) if removed.is_empty() && one.is_none() => one = Some(e),
+                Some(e) => {
+                    if let Some(first) = one.take() {
+                        removed.push(Removed::Evicted(first));
+                    }
+                    removed.push(Removed::Evicted(e));
                 }
+                // Unreachable given the check above; refusing keeps the bound regardless.
+                None => return Err(self.refuse(RefuseReason::Full, meta.criticality, item)),
             }
         }
-        if let Some(d) = meta.deadline {
-            if self.earliest_deadline.is_none_or(|e| d < e) {
-                self.earliest_deadline = Some(d);
-            }
-        }
-        let was_empty = self.tiers[rank].is_empty();
-        self.tiers[rank].push_back(Entry {
-            item,
-            meta,
-            enqueued_at: now,
-        });
-        if was_empty {
-            self.sched.activate(rank);
-        }
-        self.len += 1;
-        self.bytes[rank] += size;
-        self.total_bytes += size;
-        self.stats[rank].pushed += 1;
-        Ok((Evictions::from_vec(removed), was_empty))
+        let new_head = self.enqueue(item, meta, now);
+        let removed = match one {
+            Some(e) => Evictions::one(Removed::Evicted(e)),
+            None => Evictions::from_vec(removed),
+        };
+        Ok((removed, new_head))
     }
 
     /// The instant at or before which a held deadline has passed, if any held deadline may
@@ -191,7 +251,7 @@ impl<T> Core<T> {
     /// Takes out every item expired at `cutoff`, lowest tier first and oldest first within a
     /// tier, and makes `earliest_deadline` exact again.
     #[cold]
-    fn remove_expired(&mut self, cutoff: Instant, out: &mut SmallVec<[Removed<T>; 1]>) {
+    fn remove_expired(&mut self, cutoff: Instant, out: &mut Vec<Removed<T>>) {
         let mut earliest: Option<Instant> = None;
         for rank in 0..self.tiers.len() {
             // Rotate the tier once through itself: live items keep their order, no allocation.
@@ -210,14 +270,24 @@ impl<T> Core<T> {
                     self.tiers[rank].push_back(e);
                 }
             }
+            if self.tiers[rank].is_empty() {
+                self.backlog &= !(1 << rank);
+            }
         }
         self.earliest_deadline = earliest;
     }
 
     /// Removes the newest item of the lowest non-empty tier strictly below `rank`.
     fn evict_below(&mut self, rank: usize) -> Option<Entry<T>> {
-        let victim = (0..rank).find(|r| !self.tiers[*r].is_empty())?;
+        let below = self.backlog & ((1u8 << rank) - 1);
+        if below == 0 {
+            return None;
+        }
+        let victim = below.trailing_zeros() as usize;
         let e = self.tiers[victim].pop_back()?;
+        if self.tiers[victim].is_empty() {
+            self.backlog &= !(1 << victim);
+        }
         self.take_out(victim, &e);
         self.stats[victim].evicted += 1;
         Some(e)
@@ -234,20 +304,26 @@ impl<T> Core<T> {
     /// Only tiers whose bit is set in `mask` (bit `rank`) are considered.
     ///
     /// `recent` may lag the true time a little (see the `time` module): a deadline at or before
-    /// it has passed for sure; a later one is checked against `precise()`, so no expired item
-    /// is ever served, and items without a deadline cost no clock read.
+    /// it has passed for sure, one more than `DEADLINE_WINDOW` after it has not; only a
+    /// deadline inside the window is checked against `precise()`. So no expired item is
+    /// served, and most pops read no clock.
+    #[inline]
     pub(crate) fn pop(
         &mut self,
         recent: Instant,
         precise: impl FnOnce() -> Instant,
         mask: u8,
     ) -> Option<Dequeued<T>> {
-        let rank = self.sched.pick(self.backlogged() & mask)?;
+        let rank = self.sched.pick(self.backlog & mask)?;
         let e = self.tiers[rank].pop_front()?;
+        if self.tiers[rank].is_empty() {
+            self.backlog &= !(1 << rank);
+        }
         self.take_out(rank, &e);
+        self.pops += 1;
         let expired = match e.meta.deadline {
             None => false,
-            Some(d) => d <= recent || d <= precise(),
+            Some(d) => d <= recent || (d <= recent + DEADLINE_WINDOW && d <= precise()),
         };
         if expired {
             self.stats[rank].expired += 1;
@@ -314,6 +390,7 @@ impl<T> Core<T> {
         }
         self.len = 0;
         self.total_bytes = 0;
+        self.backlog = 0;
         out
     }
 

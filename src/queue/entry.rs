@@ -1,7 +1,6 @@
 //! What the queue holds and hands back.
 
 use quanta::Instant;
-use smallvec::SmallVec;
 
 use crate::Criticality;
 
@@ -230,35 +229,69 @@ impl<T> std::fmt::Debug for Removed<T> {
 /// critical tier last, oldest first within a tier), then the evicted ones (as
 /// [`Removed::Evicted`], newest of the lowest tier first).
 ///
-/// A count-bounded queue with no expired items evicts at most one item per push, so this holds
-/// one item inline without allocating; a byte budget, or expired items, may remove several.
+/// Empty, or one item held inline, without allocating: a count-bounded queue with nothing
+/// expired evicts at most one item per push. A byte budget, or expired items, may remove
+/// several, held in a `Vec`.
 #[must_use = "removed items must be recorded (shed, deferred or expired), not dropped"]
 pub struct Evictions<T> {
-    items: smallvec::IntoIter<[Removed<T>; 1]>,
+    items: Items<T>,
+}
+
+enum Items<T> {
+    One(Option<Removed<T>>),
+    Many(std::vec::IntoIter<Removed<T>>),
 }
 
 impl<T> Evictions<T> {
-    pub(crate) fn from_vec(items: SmallVec<[Removed<T>; 1]>) -> Self {
+    /// Nothing removed.
+    #[inline]
+    pub(crate) fn none() -> Self {
         Evictions {
-            items: items.into_iter(),
+            items: Items::One(None),
         }
     }
 
-    /// Whether nothing (more) was evicted.
+    pub(crate) fn from_vec(mut items: Vec<Removed<T>>) -> Self {
+        if items.len() <= 1 {
+            return Evictions {
+                items: Items::One(items.pop()),
+            };
+        }
+        Evictions {
+            items: Items::Many(items.into_iter()),
+        }
+    }
+
+    pub(crate) fn one(item: Removed<T>) -> Self {
+        Evictions {
+            items: Items::One(Some(item)),
+        }
+    }
+
+    /// Whether nothing (more) was removed.
+    #[inline]
     pub fn is_empty(&self) -> bool {
-        self.items.len() == 0
+        self.len() == 0
     }
 }
 
 impl<T> Iterator for Evictions<T> {
     type Item = Removed<T>;
 
+    #[inline]
     fn next(&mut self) -> Option<Removed<T>> {
-        self.items.next()
+        match &mut self.items {
+            Items::One(one) => one.take(),
+            Items::Many(many) => many.next(),
+        }
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        self.items.size_hint()
+        let n = match &self.items {
+            Items::One(one) => usize::from(one.is_some()),
+            Items::Many(many) => many.len(),
+        };
+        (n, Some(n))
     }
 }
 
@@ -266,6 +299,11 @@ impl<T> ExactSizeIterator for Evictions<T> {}
 
 impl<T> std::fmt::Debug for Evictions<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.items.as_slice()).finish()
+        let mut list = f.debug_list();
+        match &self.items {
+            Items::One(one) => list.entries(one.iter()),
+            Items::Many(many) => list.entries(many.as_slice()),
+        };
+        list.finish()
     }
 }

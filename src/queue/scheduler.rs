@@ -81,27 +81,28 @@ impl Stride {
     /// at the virtual time, like a tier that has just become backlogged.
     #[inline]
     pub(crate) fn pick(&mut self, candidates: u8) -> Option<usize> {
-        let newly = candidates & !self.eligible;
+        let mut newly = candidates & !self.eligible;
         self.eligible = candidates;
-        if newly != 0 {
-            for rank in 0..Criticality::COUNT {
-                if newly & (1 << rank) != 0 {
-                    self.activate(rank);
-                }
+        while newly != 0 {
+            let rank = newly.trailing_zeros() as usize;
+            newly &= newly - 1;
+            self.activate(rank);
+        }
+        if candidates == 0 {
+            return None;
+        }
+        // From the top so that ties go to the more critical tier; only the set bits.
+        let mut rest = candidates;
+        let mut best = 7 - rest.leading_zeros() as usize;
+        rest &= !(1 << best);
+        while rest != 0 {
+            let rank = 7 - rest.leading_zeros() as usize;
+            rest &= !(1 << rank);
+            if self.pass[rank] < self.pass[best] {
+                best = rank;
             }
         }
-        let mut best: Option<usize> = None;
-        // From the top so that ties go to the more critical tier.
-        for rank in (0..Criticality::COUNT).rev() {
-            if candidates & (1 << rank) == 0 {
-                continue;
-            }
-            match best {
-                Some(b) if self.pass[b] <= self.pass[rank] => {}
-                _ => best = Some(rank),
-            }
-        }
-        best
+        Some(best)
     }
 
     /// `rank` was served.

@@ -2,14 +2,14 @@
 
 use std::time::Duration;
 
-use crossbeam_utils::CachePadded;
+use crossbeam_utils::{Backoff, CachePadded};
 use event_listener::{Event, IntoNotification, Listener};
 use quanta::{Clock, Instant};
 
 use super::core::Core;
 use super::{
-    Closed, Dequeued, Entry, Evictions, Meta, PopTimeoutError, PushError, QueueStats, TryPopError,
-    WfqConfig,
+    Closed, Dequeued, Entry, Evictions, Meta, PopTimeoutError, PushError, QueueStats, Removed,
+    TryPopError, WfqConfig,
 };
 use crate::admission::{admits_at, QueueAgeAdmission};
 use crate::loom::{AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering};
@@ -87,8 +87,9 @@ struct State<T> {
     core: Core<T>,
     admission: QueueAgeAdmission,
     config: WfqConfig,
-    /// When admission was last evaluated.
-    observed_at: Instant,
+    /// Before this instant queue-age admission cannot leave level 0, so pushes and pops skip
+    /// its re-evaluation (see [`WfqQueue::observe`]).
+    recheck_at: Option<Instant>,
 }
 
 /// A bounded, weighted-fair, multi-producer multi-consumer queue with one FIFO per criticality
@@ -189,7 +190,7 @@ impl<T> WfqQueue<T> {
                 core,
                 admission,
                 config,
-                observed_at: clock.now(),
+                recheck_at: None,
             })),
             shed_level: CachePadded::new(AtomicU8::new(0)),
             len: AtomicUsize::new(0),
@@ -234,24 +235,13 @@ impl<T> WfqQueue<T> {
         }
         let now = self.now();
         let mut st = self.state.lock();
-        let res = st.core.push(item, meta, now, || self.clock.now());
-        match res {
-            Ok((evicted, new_head)) => {
-                // Ages change only when a head changes or time moves; recent time moves once a
-                // millisecond, so most pushes under load skip the re-evaluation exactly.
-                if new_head || !evicted.is_empty() || now != st.observed_at {
-                    self.observe(&mut st, now);
-                } else {
-                    self.len.store(st.core.len(), Ordering::Relaxed);
-                }
-                drop(st);
-                if self.waiters.load(Ordering::Relaxed) > 0 {
-                    self.not_empty.notify(1.additional());
-                }
-                Ok(evicted)
-            }
-            Err(e) => Err(e),
+        let (evicted, _) = st.core.push(item, meta, now, || self.clock.now())?;
+        self.changed(&mut st, now);
+        drop(st);
+        if self.waiters.load(Ordering::Relaxed) > 0 {
+            self.not_empty.notify(1.additional());
         }
+        Ok(evicted)
     }
 
     /// The queue's notion of now: recent time when available, else a clock read.
@@ -286,27 +276,157 @@ impl<T> WfqQueue<T> {
     /// after [`close`](Self::close).
     #[inline]
     pub fn try_pop_masked(&self, mask: TierMask) -> Result<Dequeued<T>, TryPopError> {
-        let mut st = self.state.lock();
-        if st.core.len() == 0 {
-            return Err(if st.core.is_closed() {
-                TryPopError::Closed
-            } else {
-                TryPopError::Empty
-            });
-        }
         let now = self.now();
+        let mut st = self.state.lock();
         match st.core.pop(now, || self.clock.now(), mask.0) {
             Some(d) => {
-                self.observe(&mut st, now);
+                self.changed(&mut st, now);
+                let pops = st.core.pops();
                 drop(st);
-                self.pops.fetch_add(1, Ordering::Relaxed);
+                self.pops.store(pops, Ordering::Relaxed);
                 if self.full_waiters.load(Ordering::Relaxed) > 0 {
                     self.not_full.notify(1.additional());
                 }
                 Ok(d)
             }
+            None if st.core.is_closed() && st.core.len() == 0 => Err(TryPopError::Closed),
             None => Err(TryPopError::Empty),
         }
+    }
+
+    /// Queues every item of `items` in order, each decided as [`push`](Self::push) would
+    /// decide it, under one lock acquisition and with one wake-up for the consumers.
+    ///
+    /// Items removed to make room (expired or evicted) are appended to `removed`, refused
+    /// items (inside their [`PushError`]) to `refused`: nothing is dropped. Reuse both vectors
+    /// from batch to batch and a steady stream of batches allocates nothing. Returns how many
+    /// items were queued.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use triage::queue::{Meta, TierMask, WfqConfig, WfqQueue};
+    /// use triage::Criticality;
+    ///
+    /// let queue = WfqQueue::new(WfqConfig::with_capacity(2))?;
+    /// let (mut removed, mut refused) = (Vec::new(), Vec::new());
+    /// let batch = [("a", Criticality::Sheddable), ("b", Criticality::High), ("c", Criticality::Critical)];
+    /// let queued = queue.push_batch(
+    ///     batch.map(|(item, tier)| (item, Meta::new(tier))),
+    ///     &mut removed,
+    ///     &mut refused,
+    /// );
+    /// assert_eq!(queued, 3);
+    /// assert_eq!(removed.len(), 1); // "c" evicted "a"
+    /// assert!(refused.is_empty());
+    ///
+    /// let mut served = Vec::new();
+    /// assert_eq!(queue.pop_batch_masked(TierMask::ALL, 8, &mut served)?, 2);
+    /// let served: Vec<_> = served.into_iter().map(|d| d.into_entry().into_inner()).collect();
+    /// assert_eq!(served, ["c", "b"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn push_batch<I>(
+        &self,
+        items: I,
+        removed: &mut Vec<Removed<T>>,
+        refused: &mut Vec<PushError<T>>,
+    ) -> usize
+    where
+        I: IntoIterator<Item = (T, Meta)>,
+    {
+        let now = self.now();
+        let mut queued = 0;
+        let mut precise = None;
+        let mut st = self.state.lock();
+        for (item, meta) in items {
+            let tier = meta.criticality;
+            // Our own re-evaluations below may move the level within the batch.
+            let level = self.shed_level.load(Ordering::Relaxed);
+            if !admits_at(level, tier) {
+                if level == CLOSED_LEVEL {
+                    refused.push(PushError::Closed(item));
+                } else {
+                    self.overloaded[tier.rank()].fetch_add(1, Ordering::Relaxed);
+                    refused.push(PushError::Overloaded(item));
+                }
+                continue;
+            }
+            let clock = || *precise.get_or_insert_with(|| self.clock.now());
+            match st.core.push(item, meta, now, clock) {
+                Ok((evicted, _)) => {
+                    removed.extend(evicted);
+                    queued += 1;
+                    self.changed(&mut st, now);
+                }
+                Err(e) => refused.push(e),
+            }
+        }
+        drop(st);
+        if queued > 0 && self.waiters.load(Ordering::Relaxed) > 0 {
+            self.not_empty.notify(queued.additional());
+        }
+        queued
+    }
+
+    /// Serves up to `max` items by weight among the tiers in `mask`, in the order single pops
+    /// would serve them, under one lock acquisition and with one clock read at most; appends
+    /// them to `out` and returns how many. Expired items come out as [`Dequeued::Expired`]
+    /// and count toward `max`.
+    ///
+    /// # Errors
+    ///
+    /// [`TryPopError::Empty`] when no tier in `mask` holds anything (nothing appended),
+    /// [`TryPopError::Closed`] once the queue is closed and empty.
+    pub fn pop_batch_masked(
+        &self,
+        mask: TierMask,
+        max: usize,
+        out: &mut Vec<Dequeued<T>>,
+    ) -> Result<usize, TryPopError> {
+        let now = self.now();
+        let mut precise = None;
+        let mut st = self.state.lock();
+        let mut n = 0;
+        while n < max {
+            let clock = || *precise.get_or_insert_with(|| self.clock.now());
+            match st.core.pop(now, clock, mask.0) {
+                Some(d) => {
+                    out.push(d);
+                    n += 1;
+                    // Ages only fall during a batch, so admission after the first pop and
+                    // after the last decides exactly as after every single pop.
+                    if n == 1 {
+                        self.changed(&mut st, now);
+                    }
+                }
+                None => break,
+            }
+        }
+        if n == 0 {
+            return Err(if st.core.is_closed() && st.core.len() == 0 {
+                TryPopError::Closed
+            } else {
+                TryPopError::Empty
+            });
+        }
+        self.changed(&mut st, now);
+        let pops = st.core.pops();
+        drop(st);
+        self.pops.store(pops, Ordering::Relaxed);
+        if self.full_waiters.load(Ordering::Relaxed) > 0 {
+            self.not_full.notify(n.additional());
+        }
+        Ok(n)
+    }
+
+    /// [`pop_batch_masked`](Self::pop_batch_masked) over every tier.
+    ///
+    /// # Errors
+    ///
+    /// As [`pop_batch_masked`](Self::pop_batch_masked).
+    pub fn pop_batch(&self, max: usize, out: &mut Vec<Dequeued<T>>) -> Result<usize, TryPopError> {
+        self.pop_batch_masked(TierMask::ALL, max, out)
     }
 
     /// Like [`push`](Self::push), but while the queue is full with nothing lower to evict,
@@ -322,11 +442,28 @@ impl<T> WfqQueue<T> {
         meta: Meta,
         timeout: Duration,
     ) -> Result<Evictions<T>, PushError<T>> {
-        let until = std::time::Instant::now().checked_add(timeout);
         let mut item = match self.push(item, meta) {
             Err(PushError::Full(item)) => item,
             other => return other,
         };
+        // The clock is read only on the way to sleep: a push that succeeds reads none.
+        let started = std::time::Instant::now();
+        // Spin, then yield, before sleeping, retrying only when a pop may have made room:
+        // parking and unparking a thread costs microseconds, a pop on another core
+        // nanoseconds (crossbeam-channel does the same).
+        let backoff = Backoff::new();
+        let mut pops = self.pop_count();
+        while !backoff.is_completed() && !cfg!(loom) {
+            backoff.snooze();
+            if self.pop_count() != pops || self.is_closed() {
+                pops = self.pop_count();
+                item = match self.push(item, meta) {
+                    Err(PushError::Full(item)) => item,
+                    other => return other,
+                };
+            }
+        }
+        let until = started.checked_add(timeout);
         loop {
             let waiting = WaitRegistration::new(&self.full_waiters);
             let listener = self.not_full.listen();
@@ -422,7 +559,28 @@ impl<T> WfqQueue<T> {
     /// [`PopTimeoutError::Timeout`] if nothing arrived in time, [`PopTimeoutError::Closed`] once
     /// the queue is closed.
     pub fn pop_timeout(&self, timeout: Duration) -> Result<Dequeued<T>, PopTimeoutError> {
+        match self.try_pop() {
+            Ok(d) => return Ok(d),
+            Err(TryPopError::Closed) => return Err(PopTimeoutError::Closed),
+            Err(TryPopError::Empty) => {}
+        }
+        // The clock is read only on the way to sleep: a pop that succeeds reads none.
         let until = std::time::Instant::now().checked_add(timeout);
+        // As in `push_timeout`: spin, then yield, while nothing is queued, before sleeping.
+        let backoff = Backoff::new();
+        while !cfg!(loom) {
+            if !self.is_empty() || self.is_closed() {
+                match self.try_pop() {
+                    Ok(d) => return Ok(d),
+                    Err(TryPopError::Closed) => return Err(PopTimeoutError::Closed),
+                    Err(TryPopError::Empty) => {}
+                }
+            }
+            if backoff.is_completed() {
+                break;
+            }
+            backoff.snooze();
+        }
         loop {
             match self.try_pop() {
                 Ok(d) => return Ok(d),
@@ -530,13 +688,40 @@ impl<T> WfqQueue<T> {
         self.observe(&mut st, now);
     }
 
+    /// After a push or pop changed the queue at `now`: publishes the length and re-evaluates
+    /// queue-age admission unless it provably cannot change.
+    #[inline]
+    fn changed(&self, st: &mut State<T>, now: Instant) {
+        self.len.store(st.core.len(), Ordering::Relaxed);
+        if st.recheck_at.is_some_and(|at| now < at) {
+            return;
+        }
+        self.observe(st, now);
+    }
+
+    /// Re-evaluates queue-age admission from the ages at `now`.
+    ///
+    /// At level 0 (everything admitted) the only way out is the oldest item's age reaching the
+    /// lowest cut-off, and until then nothing a push or pop does can make that age grow: a push
+    /// adds a younger item, a pop replaces a head with a younger one. So the instant it could
+    /// first happen is kept in `recheck_at`, and pushes and pops before it skip this (the
+    /// computation of four ages and the state machine were a third of a push+pop). Above level
+    /// 0, every change re-evaluates, as hysteresis needs the ages as they fall.
     fn observe(&self, st: &mut State<T>, now: Instant) {
         self.len.store(st.core.len(), Ordering::Relaxed);
-        st.observed_at = now;
         if !st.config.admission.enabled {
+            // Nothing to re-evaluate until `reconfigure` enables it (which observes).
+            st.recheck_at = now.checked_add(Duration::from_secs(86_400));
             return;
         }
         let level = st.admission.observe(st.core.ages(now));
+        st.recheck_at = if level == 0 {
+            // Items queued after `now` are younger than `now`, so `now` bounds an empty queue.
+            let oldest = st.core.oldest().map_or(now, |o| o.min(now));
+            oldest.checked_add(st.config.admission.cutoff(Criticality::Sheddable))
+        } else {
+            None
+        };
         if !st.core.is_closed() {
             self.shed_level.store(level, Ordering::Relaxed);
         }
