@@ -13,4 +13,4 @@
 
 mod server;
 
-pub use server::{serve, MetricsServer, ServeError};
+pub use server::{serve, serve_alongside, MetricsServer, ServeError};

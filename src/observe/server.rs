@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_util::layers::FanoutBuilder;
 
 use crate::runtime::metrics::histogram_buckets;
 
@@ -60,6 +61,8 @@ pub enum ServeError {
     Recorder(BuildError),
     /// The address could not be bound.
     Bind(String),
+    /// [`serve_alongside`]: another global `metrics` recorder is already installed.
+    AlreadyInstalled,
 }
 
 impl fmt::Display for ServeError {
@@ -67,6 +70,9 @@ impl fmt::Display for ServeError {
         match self {
             ServeError::Recorder(e) => write!(f, "cannot install the prometheus recorder: {e}"),
             ServeError::Bind(e) => write!(f, "cannot bind the metrics endpoint: {e}"),
+            ServeError::AlreadyInstalled => {
+                write!(f, "another global metrics recorder is already installed")
+            }
         }
     }
 }
@@ -75,7 +81,7 @@ impl std::error::Error for ServeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ServeError::Recorder(e) => Some(e),
-            ServeError::Bind(_) => None,
+            ServeError::Bind(_) | ServeError::AlreadyInstalled => None,
         }
     }
 }
@@ -97,20 +103,76 @@ impl std::error::Error for ServeError {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn serve(addr: SocketAddr) -> Result<MetricsServer, ServeError> {
-    let http = tiny_http::Server::http(addr).map_err(|e| ServeError::Bind(e.to_string()))?;
-    let local = http
-        .server_addr()
-        .to_ip()
-        .ok_or_else(|| ServeError::Bind("not an IP listener".into()))?;
-    // Buckets per histogram (chosen for its unit, beside its name in `runtime::metrics`):
-    // served as Prometheus histograms, so quantiles aggregate across workers.
+    let http = bind(addr)?;
+    let handle = builder()?
+        .install_recorder()
+        .map_err(ServeError::Recorder)?;
+    start(http, handle)
+}
+
+/// Like [`serve`], and every metric also goes to `also`: both recorders see every
+/// registration and every update (a `metrics-util` fan-out). For a process that keeps its
+/// own in-process recorder (a stats file, a test's counters) and is scraped as well.
+///
+/// # Errors
+///
+/// [`ServeError::AlreadyInstalled`] if a global recorder is already installed;
+/// [`ServeError::Recorder`] if the exporter refuses its configuration; [`ServeError::Bind`]
+/// if `addr` cannot be bound.
+///
+/// # Examples
+///
+/// ```no_run
+/// // `Mine` is a recorder of one's own (hidden here: every method a no-op).
+/// # struct Mine;
+/// # impl metrics::Recorder for Mine {
+/// #     fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+/// #     fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+/// #     fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+/// #     fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter { metrics::Counter::noop() }
+/// #     fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge { metrics::Gauge::noop() }
+/// #     fn register_histogram(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram { metrics::Histogram::noop() }
+/// # }
+/// let server = triage::observe::serve_alongside("127.0.0.1:9898".parse()?, Mine)?;
+/// println!("scrape http://{}/metrics", server.local_addr());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn serve_alongside<R>(addr: SocketAddr, also: R) -> Result<MetricsServer, ServeError>
+where
+    R: metrics::Recorder + Sync + Send + 'static,
+{
+    let http = bind(addr)?;
+    let recorder = builder()?.build_recorder();
+    let handle = recorder.handle();
+    let fanout = FanoutBuilder::default()
+        .add_recorder(recorder)
+        .add_recorder(also)
+        .build();
+    metrics::set_global_recorder(fanout).map_err(|_| ServeError::AlreadyInstalled)?;
+    start(http, handle)
+}
+
+fn bind(addr: SocketAddr) -> Result<tiny_http::Server, ServeError> {
+    tiny_http::Server::http(addr).map_err(|e| ServeError::Bind(e.to_string()))
+}
+
+/// The exporter, with buckets per histogram (chosen for its unit, beside its name in
+/// `runtime::metrics`): served as Prometheus histograms, so quantiles aggregate across workers.
+fn builder() -> Result<PrometheusBuilder, ServeError> {
     let mut builder = PrometheusBuilder::new();
     for (name, buckets) in histogram_buckets() {
         builder = builder
             .set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)
             .map_err(ServeError::Recorder)?;
     }
-    let handle = builder.install_recorder().map_err(ServeError::Recorder)?;
+    Ok(builder)
+}
+
+fn start(http: tiny_http::Server, handle: PrometheusHandle) -> Result<MetricsServer, ServeError> {
+    let local = http
+        .server_addr()
+        .to_ip()
+        .ok_or_else(|| ServeError::Bind("not an IP listener".into()))?;
     let stop = Arc::new(AtomicBool::new(false));
     let thread = {
         let handle = handle.clone();

@@ -96,6 +96,10 @@ pub struct WorkerArgs {
     /// Stats file (rewritten).
     #[arg(long)]
     pub stats: PathBuf,
+    /// Serve Prometheus `/metrics` and `/healthz` on this address as well (the stats file is
+    /// written either way).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// The message id and poison flag from a payload `id,tier,produced_ms,poison`.
@@ -332,8 +336,18 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
         .with_ansi(false)
         .try_init();
     let recorder = Arc::new(Recorder::default());
-    metrics::set_global_recorder(Shared(Arc::clone(&recorder)))
-        .map_err(|_| "a metrics recorder is already installed")?;
+    // Kept for the whole run: dropping it stops the endpoint.
+    let _endpoint = match args.metrics {
+        Some(addr) => Some(triage::observe::serve_alongside(
+            addr,
+            Shared(Arc::clone(&recorder)),
+        )?),
+        None => {
+            metrics::set_global_recorder(Shared(Arc::clone(&recorder)))
+                .map_err(|_| "a metrics recorder is already installed")?;
+            None
+        }
+    };
     let log = Arc::new(DispositionLog::open(&args.log)?);
     let workers = NonZeroUsize::new(args.workers).ok_or("--workers must be at least 1")?;
     let capacity = NonZeroUsize::new(args.capacity).ok_or("--capacity must be at least 1")?;
