@@ -2,127 +2,186 @@
 //!
 //! ```text
 //! cargo run --release --example overload
-//! cargo run --release --example overload -- --factor 10 --mix 10,20,30,40 --duration 10 --workers 8
+//! cargo run --release --example overload -- --factor 10 --duration-s 10 --workers 8
+//! cargo run --release --features prometheus --example overload -- --metrics 127.0.0.1:9898
 //! ```
 //!
 //! An in-memory broker is fed at `--factor` times the workers' measured capacity (a handler
-//! with a fixed service time), with the tier mix `--mix` (percent, Critical first) and a
-//! deadline per tier. It prints, per tier, what triage did; then the same offered load through
-//! a plain bounded FIFO; then load falls to 0.5x and every tier is admitted again without a
-//! manual step, while the deferred work drains back.
+//! with a fixed service time), with the tier mix `--mix` (percent) and a deadline per tier. It
+//! prints, per tier, what triage did; then the same offered load through a plain bounded FIFO;
+//! then load falls to 0.5x and every tier is admitted again without a manual step, while the
+//! deferred work drains back. The flags are the ones the worker examples use for the same
+//! things (`--duration-s`, `--service-ms`, `--workers`, `--capacity`, `--metrics`, `--mix`).
 
 mod sim;
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use triage::Criticality;
+use triage::{Criticality, PerTier};
 
 #[derive(Parser, Debug)]
-#[command(about = "triage under overload, next to a plain FIFO")]
+#[command(about = "triage under overload, next to a plain FIFO", after_help = sim::LIVE_HELP)]
 struct Args {
     /// Offered load as a multiple of the measured capacity.
     #[arg(long, default_value_t = 3.0)]
     factor: f64,
-    /// Tier mix in percent, Critical,High,Medium,Sheddable.
-    #[arg(long, default_value = "10,20,30,40", value_parser = parse_mix)]
+    /// Tier mix, percent of offered messages, `tier=percent` comma-separated (adding up to
+    /// 100; a tier left out gets 0).
+    #[arg(long, default_value = "critical=10,high=20,medium=30,sheddable=40", value_parser = parse_mix)]
     mix: [u32; 4],
     /// Overload phase, seconds.
     #[arg(long, default_value_t = 8.0)]
-    duration: f64,
-    /// Recovery phase at 0.5x, seconds.
+    duration_s: f64,
+    /// Recovery phase at 0.5x, seconds (at least 0.5).
     #[arg(long, default_value_t = 4.0)]
-    recovery: f64,
-    /// Worker tasks.
+    recovery_s: f64,
+    /// Worker tasks (the fixed concurrency limit).
     #[arg(long, default_value_t = 8)]
     workers: usize,
-    /// Handler service time, milliseconds.
+    /// Handler service time, milliseconds. 0: a true no-op handler (no timer).
     #[arg(long, default_value_t = 2.0)]
     service_ms: f64,
-    /// Queue capacity, items.
+    /// Queue capacity, messages.
     #[arg(long, default_value_t = 256)]
     capacity: usize,
+    /// Serve Prometheus `/metrics` and `/healthz` on this address (e.g. 127.0.0.1:9898);
+    /// needs `--features prometheus`.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+    /// No live line, only the tables.
+    #[arg(long)]
+    quiet: bool,
 }
 
 fn parse_mix(s: &str) -> Result<[u32; 4], String> {
-    let parts: Vec<u32> = s
-        .split(',')
-        .map(|p| p.trim().parse::<u32>().map_err(|e| format!("mix: {e}")))
-        .collect::<Result<_, _>>()?;
-    let mix: [u32; 4] = parts
-        .try_into()
-        .map_err(|_| "mix: four percentages, Critical,High,Medium,Sheddable".to_string())?;
+    let mut mix = [0u32; 4];
+    for part in s.split(',') {
+        let (tier, pct) = part
+            .split_once('=')
+            .ok_or_else(|| format!("mix: `{part}` is not tier=percent"))?;
+        let tier: Criticality = tier.trim().parse().map_err(|e| format!("mix: {e}"))?;
+        mix[mix_index(tier)] = pct
+            .trim()
+            .parse()
+            .map_err(|e| format!("mix: `{pct}`: {e}"))?;
+    }
     if mix.iter().sum::<u32>() != 100 {
         return Err("mix: percentages must add up to 100".into());
     }
     Ok(mix)
 }
 
+/// Position of `tier` in `--mix` and `sim::Params::mix`: Critical first.
+fn mix_index(tier: Criticality) -> usize {
+    Criticality::ALL
+        .iter()
+        .position(|&t| t == tier)
+        .unwrap_or_default()
+}
+
+fn per_tier<T: std::fmt::Display>(values: &PerTier<T>) -> String {
+    values
+        .iter()
+        .map(|(tier, v)| format!("{} {v}", tier.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
     if !(args.factor > 0.0
-        && args.duration > 0.0
-        && args.service_ms > 0.0
+        && args.duration_s > 0.0
+        && args.service_ms >= 0.0
         && args.workers > 0
         && args.capacity > 0)
     {
         eprintln!(
-            "error: --factor, --duration, --service-ms, --workers and --capacity must be positive"
+            "error: --factor, --duration-s, --workers and --capacity must be positive, --service-ms at least 0"
         );
         return ExitCode::from(2);
     }
+    // Kept alive for the whole run: dropping it stops the endpoint.
+    let _metrics = match args.metrics {
+        None => None,
+        Some(addr) => match serve_metrics(addr) {
+            Ok(server) => Some(server),
+            Err(e) => {
+                eprintln!("error: --metrics {addr}: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
     let params = sim::Params {
         factor: args.factor,
         mix: args.mix,
-        duration: Duration::from_secs_f64(args.duration),
-        recovery: Duration::from_secs_f64(args.recovery.max(0.5)),
+        duration: Duration::from_secs_f64(args.duration_s),
+        recovery: Duration::from_secs_f64(args.recovery_s.max(0.5)),
         workers: args.workers,
         service: Duration::from_secs_f64(args.service_ms / 1000.0),
         capacity: args.capacity,
+        live: (!args.quiet).then_some(Duration::from_secs(1)),
         ..sim::Params::default()
     };
     println!(
-        "triage overload run: {} workers, {:.1} ms service time, queue capacity {}, mix {:?}, deadlines {:?}",
+        "triage overload run: {} workers, {} service time, queue capacity {} messages",
         params.workers,
-        args.service_ms,
+        if args.service_ms == 0.0 {
+            "no-op (0 ms)".to_owned()
+        } else {
+            format!("{:.1} ms", args.service_ms)
+        },
         params.capacity,
-        params.mix,
-        params.windows.map(|_, d| d.as_millis())
+    );
+    println!(
+        "mix, percent of offered: {}",
+        per_tier(&PerTier::from_fn(|t: Criticality| params.mix[mix_index(t)]))
+    );
+    println!(
+        "deadlines, ms after publish: {}",
+        per_tier(&params.windows.map(|_, d| d.as_millis()))
     );
     let out = sim::run(&params).await;
     println!(
-        "measured capacity: {:.0} msg/s; offered {:.0} msg/s ({}x) for {:.1} s\n",
+        "\nmeasured capacity: {:.0} msg/s; offered {:.0} msg/s ({}x) for {:.1} s\n",
         out.capacity_per_s,
         out.capacity_per_s * params.factor,
         params.factor,
-        args.duration
+        args.duration_s
     );
     print!(
         "{}",
-        sim::table(&format!("== triage at {}x ==", params.factor), &out.triage)
+        sim::table(
+            &format!("== triage at {}x (messages) ==", params.factor),
+            &out.triage
+        )
     );
     println!(
-        "   admitted, refused, evicted: counted during the phase; goodput and late follow each message offered in it to its end;\n   goodput = completed inside the deadline; late = completed after it (deferred work drained back later);\n   refused = messages refused at admission (Critical and High are held and retried: backpressure, never dropped);\n   {} messages were still waiting in the broker at the end of the phase",
+        "   admitted, refused, evicted: counted during the phase; goodput and late follow each message offered in it to its end;\n   goodput = completed inside the deadline (share: % of offered); late = completed after it (deferred work drained back later);\n   refused = messages refused at admission (Critical and High are held and retried: backpressure, never dropped);\n   {} messages were still waiting in the broker at the end of the phase",
         out.broker_lag_after_overload
     );
     println!();
     print!(
         "{}",
-        sim::table(
-            &format!("== plain bounded FIFO at {}x, same load ==", params.factor),
+        sim::fifo_table(
+            &format!(
+                "== plain bounded FIFO at {}x, same load (messages) ==",
+                params.factor
+            ),
             &out.fifo
         )
     );
     println!(
-        "   ({} messages never served by the end of the phase)\n",
+        "   a FIFO admits everything in arrival order and knows no tiers or deadlines: nothing is refused, deferred or expired,\n   so its only columns are what was served in time, late, or never ({} messages in all)\n",
         out.fifo_unserved
     );
     print!(
         "{}",
         sim::table(
-            &format!("== recovery at {}x ==", params.recovery_factor),
+            &format!("== recovery at {}x (messages) ==", params.recovery_factor),
             &out.recovery
         )
     );
@@ -131,12 +190,35 @@ async fn main() -> ExitCode {
         out.recovery_shed_levels
     );
     println!(
-        "   deferred work drained back and completed: {}\n",
+        "   deferred work drained back and completed: {}; admitted counts the drained copies as Sheddable\n",
         out.drained_back
     );
+    let total = out.stats.ledger.total();
+    let offered: u64 = out
+        .triage
+        .iter()
+        .chain(out.recovery.iter())
+        .map(|(_, r)| r.offered)
+        .sum();
     println!(
-        "== ledger (whole run, by tier as classified) ==\n{}",
-        out.stats
+        "== ledger (whole run, messages, by tier as classified) ==\n{}",
+        out.stats.ledger
+    );
+    println!(
+        "   offered {offered}, consumed {}: a deferred message drained back is consumed again, as Sheddable,\n   so Sheddable's consumed exceeds what was offered of it by the drained copies",
+        total.consumed
+    );
+    println!(
+        "   still waiting in the deferred store at exit: {} messages",
+        out.deferred_left
+    );
+    println!(
+        "ledger balances: {} (consumed {} = settled {} + released {} + still inside {})",
+        if out.balances { "yes" } else { "NO" },
+        total.consumed,
+        total.settled(),
+        total.released,
+        out.stats.alive
     );
     let c = out.triage[Criticality::Critical];
     let f = out.fifo[Criticality::Critical];
@@ -150,4 +232,19 @@ async fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(feature = "prometheus")]
+fn serve_metrics(addr: SocketAddr) -> Result<triage::observe::MetricsServer, String> {
+    let server = triage::observe::serve(addr).map_err(|e| e.to_string())?;
+    println!(
+        "metrics: http://{}/metrics (liveness: /healthz)",
+        server.local_addr()
+    );
+    Ok(server)
+}
+
+#[cfg(not(feature = "prometheus"))]
+fn serve_metrics(_addr: SocketAddr) -> Result<(), String> {
+    Err("this build has no metrics endpoint: run with `--features prometheus`".into())
 }

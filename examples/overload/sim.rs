@@ -33,12 +33,14 @@ pub struct Params {
     pub recovery_factor: f64,
     /// Worker tasks (and the fixed concurrency limit).
     pub workers: usize,
-    /// Handler service time.
+    /// Handler service time (zero: the handler returns at once, no timer).
     pub service: Duration,
     /// Queue capacity, items.
     pub capacity: usize,
     /// Usefulness window per tier: the deadline is publish time plus this.
     pub windows: PerTier<Duration>,
+    /// Print a live line (see [`Live`]) this often during the phases; `None`: quiet.
+    pub live: Option<Duration>,
 }
 
 impl Default for Params {
@@ -58,6 +60,7 @@ impl Default for Params {
                 Duration::from_millis(250),
                 Duration::from_millis(100),
             ),
+            live: None,
         }
     }
 }
@@ -113,6 +116,8 @@ pub struct Outcome {
     pub recovery_shed_levels: Vec<u8>,
     pub drained_back: u64,
     pub broker_lag_after_overload: usize,
+    /// Messages still waiting in the deferred store when the run ended (not drained back).
+    pub deferred_left: usize,
     pub fifo_unserved: u64,
     pub stats: RuntimeStats,
     pub balances: bool,
@@ -209,7 +214,10 @@ fn handler(
         let tally = Arc::clone(&tally);
         let id = job.payload().id;
         Box::pin(async move {
-            tokio::time::sleep(service).await;
+            // Zero service time is a true no-op: no timer, no yield.
+            if !service.is_zero() {
+                tokio::time::sleep(service).await;
+            }
             let now = clock.now();
             let mut t = tally.lock();
             if let Some(slot) = t.done.get_mut(id as usize) {
@@ -234,7 +242,12 @@ fn config(p: &Params) -> RuntimeConfig {
 async fn measure_capacity(p: &Params) -> f64 {
     let clock = Clock::new();
     let broker = MemoryBroker::new();
-    let n = (p.workers as f64 / p.service.as_secs_f64()).max(100.0) as u64;
+    // About one second of work; a no-op handler gets a fixed 100,000 messages.
+    let n = if p.service.is_zero() {
+        100_000
+    } else {
+        (p.workers as f64 / p.service.as_secs_f64()).max(100.0) as u64
+    };
     let far = clock.now() + Duration::from_secs(3600);
     for id in 0..n {
         broker.publish(
@@ -312,6 +325,7 @@ pub async fn run(p: &Params) -> Outcome {
     rt.attach(broker.source());
     rt.attach_drain(deferred.source());
     let s0 = rt.stats();
+    let mut live = Live::new(p.live, &s0);
     let mut max_alive = 0u64;
     {
         let gen = generate(
@@ -328,7 +342,11 @@ pub async fn run(p: &Params) -> Outcome {
         loop {
             tokio::select! {
                 () = &mut gen => break,
-                _ = every.tick() => max_alive = max_alive.max(rt.stats().alive),
+                _ = every.tick() => {
+                    let stats = rt.stats();
+                    max_alive = max_alive.max(stats.alive);
+                    live.tick("overload", &stats, rt.load().shed_tiers());
+                }
             }
         }
     }
@@ -354,7 +372,10 @@ pub async fn run(p: &Params) -> Outcome {
         loop {
             tokio::select! {
                 () = &mut gen => break,
-                _ = every.tick() => levels.push(rt.load().shed_tiers()),
+                _ = every.tick() => {
+                    levels.push(rt.load().shed_tiers());
+                    live.tick("recovery", &rt.stats(), rt.load().shed_tiers());
+                }
             }
         }
     }
@@ -368,6 +389,7 @@ pub async fn run(p: &Params) -> Outcome {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let s2 = rt.stats();
+    let deferred_left = deferred.backlog();
     deferred.close();
     let report = rt.shutdown(Duration::from_secs(10)).await;
 
@@ -444,6 +466,7 @@ pub async fn run(p: &Params) -> Outcome {
         recovery_shed_levels: levels,
         drained_back,
         broker_lag_after_overload,
+        deferred_left,
         fifo_unserved,
         stats: report.stats,
         balances: report.stats.balances(),
@@ -492,6 +515,89 @@ pub fn table(title: &str, rows: &PerTier<TierRow>) -> String {
             r.evicted,
             r.refused,
             r.deferred,
+        ));
+    }
+    out
+}
+
+/// What the live line's fields mean (the examples print it in `--help`).
+pub const LIVE_HELP: &str = "\
+Live line, once a second: [elapsed phase] consumed, goodput, queued, running, held, refusing, deferred
+  consumed   messages the runtime took from its sources per second, over the last interval
+             (drained-back deferred messages included)
+  goodput    handler successes inside their deadline per second
+  queued     messages waiting in triage's queue
+  running    handlers running / the current concurrency limit
+  held       messages held by backpressure (their tier is refused and its policy is to wait)
+  refusing   tiers refused by queue-age admission, lowest first (0 of 4 = all admitted)
+  deferred   messages per second published to the defer store (drained back when load falls)";
+
+/// Prints the live line at most every `every`, with rates since the previous line.
+pub struct Live {
+    every: Option<Duration>,
+    start: std::time::Instant,
+    last_at: std::time::Instant,
+    last: (u64, u64, u64),
+}
+
+fn live_counts(stats: &RuntimeStats) -> (u64, u64, u64) {
+    let t = stats.ledger.total();
+    (t.consumed, t.goodput, t.deferred)
+}
+
+impl Live {
+    pub fn new(every: Option<Duration>, stats: &RuntimeStats) -> Self {
+        let now = std::time::Instant::now();
+        Live {
+            every,
+            start: now,
+            last_at: now,
+            last: live_counts(stats),
+        }
+    }
+
+    pub fn tick(&mut self, phase: &str, stats: &RuntimeStats, refusing: u8) {
+        let Some(every) = self.every else { return };
+        let now = std::time::Instant::now();
+        let dt = now.duration_since(self.last_at);
+        if dt < every {
+            return;
+        }
+        let counts = live_counts(stats);
+        let rate = |now: u64, before: u64| now.saturating_sub(before) as f64 / dt.as_secs_f64();
+        println!(
+            "[{:>5.1}s {phase}] consumed {:.0}/s  goodput {:.0}/s  queued {}  running {}/{}  held {}  refusing {} of 4 tiers  deferred {:.0}/s",
+            now.duration_since(self.start).as_secs_f64(),
+            rate(counts.0, self.last.0),
+            rate(counts.1, self.last.1),
+            stats.queued,
+            stats.running,
+            stats.limit,
+            stats.held,
+            refusing,
+            rate(counts.2, self.last.2),
+        );
+        self.last_at = now;
+        self.last = counts;
+    }
+}
+
+/// Renders the plain FIFO's phase: it has no admission, no deferral and no expiry, so only
+/// what was offered and what became of it.
+pub fn fifo_table(title: &str, rows: &PerTier<TierRow>) -> String {
+    let mut out = format!(
+        "{title}\n{:<10} {:>8} {:>8} {:>7} {:>8} {:>12}\n",
+        "tier", "offered", "goodput", "share", "late", "never served"
+    );
+    for (tier, r) in rows.iter() {
+        out.push_str(&format!(
+            "{:<10} {:>8} {:>8} {:>6.1}% {:>8} {:>12}\n",
+            tier.as_str(),
+            r.offered,
+            r.goodput,
+            100.0 * r.goodput_share(),
+            r.completed_late,
+            r.offered - r.goodput - r.completed_late,
         ));
     }
     out

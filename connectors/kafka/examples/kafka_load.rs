@@ -1,12 +1,15 @@
-//! Produces a mixed-priority load to a topic at a given rate.
+//! Produces a mixed-priority load to a topic at a given rate, for `kafka_worker`.
 //!
 //! ```text
-//! cargo run -p triage-kafka --example kafka_load -- --topic orders --rate 2000 \
-//!     --mix critical=10,high=20,medium=30,sheddable=40 --duration 30
+//! cargo run --release -p triage-kafka --example kafka_load -- --topic orders --rate 2000 \
+//!     --mix critical=10,high=20,medium=30,sheddable=40 --duration-s 30
 //! ```
 //!
 //! Each record carries `triage-criticality` (drawn from the mix) and `triage-deadline-ms`
-//! (now + `--deadline-ms`); mark the topic as trusted in the worker for them to count.
+//! (now + `--deadline-ms`); mark the topic as trusted in the worker for them to count. Prints
+//! what it produced per tier, acknowledged by the broker. The flags are the ones
+//! `amqp_load` uses for the same things (`--rate`, `--duration-s`, `--count`, `--mix`,
+//! `--deadline-ms`).
 
 use std::error::Error;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -18,6 +21,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use triage::Criticality;
 
 #[derive(Debug, Parser)]
+#[command(about = "produce a mixed-priority load to a Kafka topic")]
 struct Args {
     /// Bootstrap servers.
     #[arg(long, default_value = "127.0.0.1:9092")]
@@ -25,16 +29,19 @@ struct Args {
     /// Topic to produce to.
     #[arg(long)]
     topic: String,
-    /// Records per second.
+    /// Records per second (0: as fast as the producer takes them).
     #[arg(long, default_value_t = 1000)]
     rate: u64,
+    /// How long to produce, seconds.
+    #[arg(long, default_value_t = 10)]
+    duration_s: u64,
+    /// Stop after this many records, if sooner.
+    #[arg(long)]
+    count: Option<u64>,
     /// Share of each tier, `tier=weight` comma-separated.
     #[arg(long, default_value = "critical=10,high=20,medium=30,sheddable=40")]
     mix: String,
-    /// How long to produce, in seconds.
-    #[arg(long, default_value_t = 10)]
-    duration: u64,
-    /// Deadline written on each record, in milliseconds from now.
+    /// Deadline written on each record, milliseconds from when it is produced.
     #[arg(long, default_value_t = 5000)]
     deadline_ms: u64,
 }
@@ -60,12 +67,15 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .set("bootstrap.servers", &args.brokers)
         .set("linger.ms", "5")
         .create()?;
-    let period = Duration::from_secs_f64(1.0 / args.rate.max(1) as f64);
+    let period = (args.rate > 0).then(|| Duration::from_secs_f64(1.0 / args.rate as f64));
     let start = Instant::now();
-    let end = start + Duration::from_secs(args.duration);
+    let end = start + Duration::from_secs(args.duration_s);
+    let limit = args.count.unwrap_or(u64::MAX);
     let mut sent = 0u64;
+    let mut acked = [0u64; 4];
+    let mut failed = 0u64;
     let mut pending = Vec::new();
-    while Instant::now() < end {
+    while Instant::now() < end && sent < limit {
         let mut pick = fastrand::u32(0..total);
         let tier = mix
             .iter()
@@ -91,27 +101,46 @@ async fn main() -> Result<(), Box<dyn Error>> {
             .payload(&payload)
             .headers(headers);
         match producer.send_result(record) {
-            Ok(delivery) => pending.push(delivery),
-            Err((err, _)) => eprintln!("enqueue failed: {err}"),
+            Ok(delivery) => pending.push((tier, delivery)),
+            Err((err, _)) => {
+                eprintln!("enqueue failed: {err}");
+                failed += 1;
+            }
         }
         sent += 1;
         if pending.len() >= 1000 {
-            for d in pending.drain(..) {
-                let _ = d.await;
+            for (tier, d) in pending.drain(..) {
+                match d.await {
+                    Ok(Ok(_)) => acked[tier as usize] += 1,
+                    _ => failed += 1,
+                }
             }
         }
-        let due = start + period.mul_f64(sent as f64);
-        if let Some(wait) = due.checked_duration_since(Instant::now()) {
-            tokio::time::sleep(wait).await;
+        if let Some(period) = period {
+            let due = start + period.mul_f64(sent as f64);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                tokio::time::sleep(wait).await;
+            }
         }
     }
-    for d in pending {
-        let _ = d.await;
+    for (tier, d) in pending {
+        match d.await {
+            Ok(Ok(_)) => acked[tier as usize] += 1,
+            _ => failed += 1,
+        }
     }
+    let elapsed = start.elapsed();
     println!(
-        "produced {sent} records to {} in {:?}",
+        "produced {} records to {} in {:.1} s ({:.0} msg/s), acknowledged by the broker: {}; failed {failed}",
+        acked.iter().sum::<u64>(),
         args.topic,
-        start.elapsed()
+        elapsed.as_secs_f64(),
+        acked.iter().sum::<u64>() as f64 / elapsed.as_secs_f64(),
+        Criticality::ALL
+            .iter()
+            .map(|t| format!("{} {}", t.as_str(), acked[*t as usize]))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     Ok(())
 }
