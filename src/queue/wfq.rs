@@ -506,6 +506,18 @@ impl<T> WfqQueue<T> {
             Err(PushError::Full(item)) => item,
             other => return other,
         };
+        // Let the executor run others (a consumer, likely) once before registering to sleep:
+        // a task's yield costs less than a listener and a wake-up.
+        if !cfg!(loom) {
+            let pops = self.pop_count();
+            tokio::task::yield_now().await;
+            if self.pop_count() != pops || self.is_closed() {
+                item = match self.push(item, meta) {
+                    Err(PushError::Full(item)) => item,
+                    other => return other,
+                };
+            }
+        }
         loop {
             let waiting = WaitRegistration::new(&self.full_waiters);
             let listener = self.not_full.listen();
@@ -533,11 +545,22 @@ impl<T> WfqQueue<T> {
     /// Cancel safe: an item is removed only in the poll that returns it, so dropping the future
     /// loses nothing, and a wake-up it had received passes to another waiter.
     pub async fn pop(&self) -> Result<Dequeued<T>, Closed> {
+        let mut yielded = false;
         loop {
-            match self.try_pop() {
-                Ok(d) => return Ok(d),
-                Err(TryPopError::Closed) => return Err(Closed),
-                Err(TryPopError::Empty) => {}
+            // `len` is a hint read without the lock: when it says empty, go straight to
+            // registering; the check under the lock below decides.
+            if !self.is_empty() || self.is_closed() {
+                match self.try_pop() {
+                    Ok(d) => return Ok(d),
+                    Err(TryPopError::Closed) => return Err(Closed),
+                    Err(TryPopError::Empty) => {}
+                }
+            }
+            if !yielded && !cfg!(loom) {
+                // As in `push_wait`: yield once before registering to sleep.
+                yielded = true;
+                tokio::task::yield_now().await;
+                continue;
             }
             let waiting = self.wait_registration();
             let listener = self.not_empty.listen();
