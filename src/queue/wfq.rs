@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crossbeam_utils::{Backoff, CachePadded};
+use crossbeam_utils::CachePadded;
 use event_listener::{Event, IntoNotification, Listener};
 use quanta::{Clock, Instant};
 
@@ -31,6 +31,40 @@ impl<'a> WaitRegistration<'a> {
 impl Drop for WaitRegistration<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How long a blocking push or pop keeps trying before it parks its thread: a few rounds of
+/// spinning (exponential, as crossbeam's `Backoff`), then up to [`Patience::YIELDS`] yields of
+/// the thread. With more threads than cores, a yield hands the core to the thread that will
+/// make room or an item, for less than a park and an unpark cost.
+struct Patience {
+    step: u32,
+}
+
+impl Patience {
+    const SPINS: u32 = 6;
+    const YIELDS: u32 = 32;
+
+    fn new() -> Self {
+        Patience { step: 0 }
+    }
+
+    /// Waits a little; `false` once patience is exhausted (always under loom, whose models
+    /// need the parking path).
+    fn wait(&mut self) -> bool {
+        if cfg!(loom) || self.step >= Self::SPINS + Self::YIELDS {
+            return false;
+        }
+        if self.step < Self::SPINS {
+            for _ in 0..1u32 << self.step {
+                std::hint::spin_loop();
+            }
+        } else {
+            std::thread::yield_now();
+        }
+        self.step += 1;
+        true
     }
 }
 
@@ -451,10 +485,9 @@ impl<T> WfqQueue<T> {
         // Spin, then yield, before sleeping, retrying only when a pop may have made room:
         // parking and unparking a thread costs microseconds, a pop on another core
         // nanoseconds (crossbeam-channel does the same).
-        let backoff = Backoff::new();
+        let mut patience = Patience::new();
         let mut pops = self.pop_count();
-        while !backoff.is_completed() && !cfg!(loom) {
-            backoff.snooze();
+        while patience.wait() {
             if self.pop_count() != pops || self.is_closed() {
                 pops = self.pop_count();
                 item = match self.push(item, meta) {
@@ -590,8 +623,8 @@ impl<T> WfqQueue<T> {
         // The clock is read only on the way to sleep: a pop that succeeds reads none.
         let until = std::time::Instant::now().checked_add(timeout);
         // As in `push_timeout`: spin, then yield, while nothing is queued, before sleeping.
-        let backoff = Backoff::new();
-        while !cfg!(loom) {
+        let mut patience = Patience::new();
+        while patience.wait() {
             if !self.is_empty() || self.is_closed() {
                 match self.try_pop() {
                     Ok(d) => return Ok(d),
@@ -599,10 +632,6 @@ impl<T> WfqQueue<T> {
                     Err(TryPopError::Empty) => {}
                 }
             }
-            if backoff.is_completed() {
-                break;
-            }
-            backoff.snooze();
         }
         loop {
             match self.try_pop() {
