@@ -175,6 +175,8 @@ pub struct WfqQueue<T> {
     /// Queue-age admission's decision, or [`CLOSED_LEVEL`]: read without the lock at push.
     shed_level: CachePadded<AtomicU8>,
     len: AtomicUsize,
+    /// The count bound, mirrored for blocked producers that poll for room without the lock.
+    capacity_hint: AtomicUsize,
     /// Items taken out by pops (served or expired): lets a holder of refused items see cheaply
     /// whether room may have appeared since it last tried.
     pops: AtomicU64,
@@ -213,6 +215,7 @@ impl<T> WfqQueue<T> {
     /// A [`ConfigError`] naming the field when `config` fails [`WfqConfig::validate`].
     pub fn with_clock(config: WfqConfig, clock: Clock) -> Result<Self, ConfigError> {
         config.validate()?;
+        let capacity = config.capacity.get();
         let core = Core::new(
             config.capacity.get(),
             config.max_bytes.map(|b| b.get()),
@@ -228,6 +231,7 @@ impl<T> WfqQueue<T> {
             })),
             shed_level: CachePadded::new(AtomicU8::new(0)),
             len: AtomicUsize::new(0),
+            capacity_hint: AtomicUsize::new(capacity),
             pops: AtomicU64::new(0),
             overloaded: Default::default(),
             not_empty: Event::new(),
@@ -488,7 +492,10 @@ impl<T> WfqQueue<T> {
         let mut patience = Patience::new();
         let mut pops = self.pop_count();
         while patience.wait() {
-            if self.pop_count() != pops || self.is_closed() {
+            // Retry only when a pop happened and the count has room: a retry that finds the
+            // queue full again would only take the lock from the consumers.
+            let room = self.len() < self.capacity_hint.load(Ordering::Relaxed);
+            if (self.pop_count() != pops && room) || self.is_closed() {
                 pops = self.pop_count();
                 item = match self.push(item, meta) {
                     Err(PushError::Full(item)) => item,
@@ -701,6 +708,8 @@ impl<T> WfqQueue<T> {
             .core
             .set_bounds(config.capacity.get(), config.max_bytes.map(|b| b.get()));
         st.admission.reconfigure(&config.admission);
+        self.capacity_hint
+            .store(config.capacity.get(), Ordering::Relaxed);
         st.config = config;
         let now = self.now();
         self.observe(&mut st, now);
