@@ -582,6 +582,34 @@ mod tests {
         assert_eq!(waiters.len(), 6);
     }
 
+    /// A release wakes only waiters whose tier may use the freed slot: Sheddable may start below
+    /// 2 in flight (half of 4), so releases down to 3 and 2 in flight leave it asleep.
+    #[test]
+    fn a_release_wakes_only_a_tier_that_may_proceed() {
+        let limit = ConcurrencyLimit::new(Fixed::new(4).unwrap().into(), TierShares::default());
+        let held: Vec<_> = (0..4)
+            .map(|_| limit.try_acquire(Criticality::Critical).unwrap())
+            .collect();
+        let mut sheddable = vec![Box::pin(limit.listen(Criticality::Sheddable))];
+        let mut critical = vec![Box::pin(limit.listen(Criticality::Critical))];
+        let mut held = held.into_iter();
+        drop(held.next());
+        assert_eq!(
+            take_notified(&mut sheddable),
+            0,
+            "3 in flight: no room for Sheddable"
+        );
+        assert_eq!(take_notified(&mut critical), 1);
+        drop(held.next());
+        assert_eq!(take_notified(&mut sheddable), 0, "2 in flight: still none");
+        drop(held.next());
+        assert_eq!(
+            take_notified(&mut sheddable),
+            1,
+            "1 in flight: Sheddable may start"
+        );
+    }
+
     #[test]
     fn sheddable_refused_first() {
         let limit = ConcurrencyLimit::new(Fixed::new(10).unwrap().into(), TierShares::default());
