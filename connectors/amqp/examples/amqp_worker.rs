@@ -156,13 +156,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     source_config.prefetch = args.prefetch;
     // Failures go to our own dead-letter queue, so the source only acks them.
     source_config.dead_letter_via_sink = true;
-    let source = AmqpSource::connect(source_config, capacity).await?;
-    let defer = AmqpDeferSink::connect(AmqpSinkConfig::new(&args.uri, &deferred)).await?;
-    let dead = AmqpDeferSink::connect(AmqpSinkConfig::new(
-        &args.uri,
-        format!("{}.dead", args.queue),
-    ))
-    .await?;
+    let defer = Arc::new(AmqpDeferSink::connect(AmqpSinkConfig::new(&args.uri, &deferred)).await?);
+    let dead = Arc::new(
+        AmqpDeferSink::connect(AmqpSinkConfig::new(
+            &args.uri,
+            format!("{}.dead", args.queue),
+        ))
+        .await?,
+    );
+    // Refused at start-up unless every message the source accepts fits both sinks.
+    let source =
+        AmqpSource::connect_republishing(source_config, capacity, &[&*defer, &*dead]).await?;
 
     let config = RuntimeConfig {
         workers: NonZeroUsize::new(args.workers).ok_or("--workers must be at least 1")?,
@@ -171,8 +175,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let service = Duration::from_millis(args.service_ms);
     let mut runtime = Runtime::builder(config)
-        .defer_sink(Arc::new(defer))
-        .dead_letter_sink(Arc::new(dead))
+        .defer_sink(Arc::clone(&defer))
+        .dead_letter_sink(Arc::clone(&dead))
         .start(move |job: Job<AmqpMessage>| async move {
             if job.load().is_overloaded() {
                 // Brownout: a real handler would skip optional work here.
@@ -187,12 +191,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         })?;
     runtime.attach(source);
-    // Deferred work comes back as Sheddable, pulled only while the Sheddable tier is
-    // admitted and workers are idle.
+    // Deferred work comes back with the tier it was deferred with, pulled only while load
+    // allows.
     let mut drain_config = AmqpSourceConfig::drain(&args.uri, &deferred);
     drain_config.prefetch = args.prefetch;
     drain_config.dead_letter_via_sink = true;
-    runtime.attach_drain(AmqpSource::connect(drain_config, capacity).await?);
+    runtime.attach_drain(
+        AmqpSource::connect_republishing(drain_config, capacity, &[&*defer, &*dead]).await?,
+    );
 
     let stop = async {
         if args.duration_s > 0 {
@@ -226,7 +232,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         stats.ledger
     );
     println!(
-        "consumed counts a deferred message again when it is drained back from {deferred} (as Sheddable)"
+        "consumed counts a deferred message again when it is drained back from {deferred} (with the tier it was deferred with)"
     );
     println!(
         "ledger balances: {} (consumed {} = settled {} + released {} + still inside {})",

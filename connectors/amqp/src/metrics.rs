@@ -22,7 +22,7 @@
 //! | `triage_amqp_reconnects_total` | `queue` | consumer channels opened after the first one |
 //! | `triage_amqp_connect_failures_total` | `queue` | failed connection or channel set-up attempts |
 //! | `triage_amqp_dropped_buffered_total` | `queue` | deliveries lapin still buffered from a closed channel, dropped unseen (the broker already requeued them) |
-//! | `triage_amqp_published_total` | `queue`, `outcome` | defer and dead-letter publishes: `confirmed`, `nacked`, `returned`, `timeout`, `unavailable` |
+//! | `triage_amqp_published_total` | `queue`, `outcome` | defer and dead-letter publishes: `confirmed`, `nacked`, `returned`, `timeout`, `unavailable`, `too_large` (refused before sending) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -170,3 +170,95 @@ async fn unroutable_publish_is_an_error_and_the_delivery_stays_unacked() {
     delete(&ch, &q).await;
     delete(&ch, &dq).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drained_copies_keep_their_tier_and_deferral_count() {
+    let (_conn, ch) = admin().await;
+    let dq = rand_queue("drain-tiers");
+    let sink = AmqpDeferSink::connect(AmqpSinkConfig::new(uri(), &dq))
+        .await
+        .unwrap();
+    let tiers = [
+        (Criticality::Critical, 1),
+        (Criticality::High, 2),
+        (Criticality::Medium, 1),
+        (Criticality::Sheddable, 3),
+    ];
+    for (i, (tier, deferrals)) in tiers.iter().enumerate() {
+        let info = Republish {
+            criticality: *tier,
+            attempt: 0,
+            deferrals: *deferrals,
+            deadline: None,
+            reason: "overloaded",
+            error: None,
+        };
+        // A priority that alone would say Critical: the tier header wins on the drain.
+        let msg = triage_amqp::AmqpMessage::new(format!("m{i}").into_bytes())
+            .with_properties(BasicProperties::default().with_priority(9));
+        DeferSink::publish(&sink, &msg, &info).await.unwrap();
+    }
+    let mut cfg = AmqpSourceConfig::drain(uri(), &dq);
+    cfg.prefetch = 10;
+    let mut drain = AmqpSource::connect(cfg, NonZeroUsize::new(10).unwrap())
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    for _ in 0..tiers.len() {
+        let env = drain.next().await.unwrap();
+        got.push((env.criticality, env.deferrals));
+        env.ack.resolve(Disposition::Completed);
+    }
+    drain.shutdown().await;
+    assert_eq!(got, tiers);
+    assert_eq!(drain.stats().unclassified, 0);
+    delete(&ch, &dq).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn size_limits_agree_at_start_up_and_a_too_large_copy_is_refused_unsent() {
+    let (_conn, ch) = admin().await;
+    let q = rand_queue("limits-src");
+    let dq = rand_queue("limits");
+    let mut sink_cfg = AmqpSinkConfig::new(uri(), &dq);
+    sink_cfg.max_message_bytes = 8_192;
+    let sink = AmqpDeferSink::connect(sink_cfg).await.unwrap();
+
+    // The source accepts 16 MiB by default: more than the sink can re-publish.
+    let err = AmqpSource::connect_republishing(
+        AmqpSourceConfig::new(uri(), &q),
+        NonZeroUsize::new(100).unwrap(),
+        &[&sink],
+    )
+    .await
+    .unwrap_err();
+    let triage_amqp::AmqpError::Config(e) = err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(e.field(), "max_payload_bytes");
+    assert!(e.to_string().contains("max_message_bytes = 8192"), "{e}");
+    assert!(e.to_string().contains("at most 4096"), "{e}");
+
+    let mut agreeing = AmqpSourceConfig::new(uri(), &q);
+    agreeing.max_payload_bytes = 4_096;
+    let source =
+        AmqpSource::connect_republishing(agreeing, NonZeroUsize::new(100).unwrap(), &[&sink])
+            .await
+            .unwrap();
+    drop(source);
+
+    // A copy the sink cannot take is refused before it is sent, and is no outage.
+    let big = triage_amqp::AmqpMessage::new(vec![0u8; 4_097]);
+    let err = DeferSink::publish(&sink, &big, &republish(None))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SinkError::Rejected(_)), "{err:?}");
+    assert!(sink.is_healthy());
+    let fits = triage_amqp::AmqpMessage::new(vec![0u8; 4_096]);
+    DeferSink::publish(&sink, &fits, &republish(None))
+        .await
+        .unwrap();
+    assert_eq!(drain(&ch, &dq).await.len(), 1);
+    delete(&ch, &q).await;
+    delete(&ch, &dq).await;
+}

@@ -452,7 +452,7 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
             main.classify.trusted_queues = vec![args.topic.clone()];
             main.declare.max_priority = Some(crate::load::MAX_PRIORITY);
             runtime.attach(AmqpSource::connect(main, capacity).await?);
-            // The drain: every deferred message is Sheddable.
+            // The drain: each deferred copy keeps the tier it was deferred with.
             let mut drain = AmqpSourceConfig::drain(AMQP, &deferred);
             drain.prefetch = prefetch;
             drain.dead_letter_via_sink = true;

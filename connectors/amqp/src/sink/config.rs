@@ -41,6 +41,15 @@ pub struct AmqpSinkConfig {
     /// Retry schedule after a lost connection. While waiting to retry, publishes fail at
     /// once with `SinkError::Unavailable` (the runtime falls back to backpressure).
     pub reconnect: ReconnectConfig,
+    /// Largest copy published, body plus [`HEADROOM_BYTES`](Self::HEADROOM_BYTES), in bytes:
+    /// a larger one is refused before it is sent (`SinkError::Rejected`, a per-message
+    /// rejection, not an outage). Keep it at most the broker's `max_message_size` (RabbitMQ
+    /// 3.10's default is 128 MiB), and at least the sources' `max_payload_bytes` plus the
+    /// headroom: [`AmqpSource::connect_republishing`](crate::AmqpSource::connect_republishing)
+    /// refuses to start otherwise. Default 16 MiB + 64 KiB (the source's default
+    /// `max_payload_bytes` plus room); allowed `4096..=536870912` (RabbitMQ's hard limit,
+    /// 512 MiB).
+    pub max_message_bytes: usize,
 }
 
 impl Default for AmqpSinkConfig {
@@ -54,11 +63,18 @@ impl Default for AmqpSinkConfig {
             confirm_timeout_ms: 10_000,
             connection_name: None,
             reconnect: ReconnectConfig::default(),
+            max_message_bytes: 16 * 1024 * 1024 + 64 * 1024,
         }
     }
 }
 
 impl AmqpSinkConfig {
+    /// Room a copy needs beyond the original body, in bytes: triage's headers (the error text
+    /// bounded by [`triage::wire::MAX_ERROR_BYTES`], the origin queue's name by AMQP's 255)
+    /// and the frame overhead. The original headers and properties are copied as they are
+    /// and come on top.
+    pub const HEADROOM_BYTES: usize = 4096;
+
     /// A default configuration publishing to `queue` at `uri` through the default exchange.
     pub fn new(uri: impl Into<String>, queue: impl Into<String>) -> Self {
         AmqpSinkConfig {
@@ -78,7 +94,8 @@ impl AmqpSinkConfig {
     /// # Errors
     ///
     /// [`ConfigError`] naming the first field out of range: `queue` (empty),
-    /// `confirm_timeout_ms` (outside `1..=600000`), `reconnect.*`.
+    /// `confirm_timeout_ms` (outside `1..=600000`), `max_message_bytes` (outside
+    /// `4096..=536870912`), `reconnect.*`.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.queue.is_empty() {
             return Err(ConfigError::new("queue", "\"\"", "a non-empty queue name"));
@@ -88,6 +105,13 @@ impl AmqpSinkConfig {
                 "confirm_timeout_ms",
                 self.confirm_timeout_ms,
                 "1..=600000",
+            ));
+        }
+        if !(Self::HEADROOM_BYTES..=536_870_912).contains(&self.max_message_bytes) {
+            return Err(ConfigError::new(
+                "max_message_bytes",
+                self.max_message_bytes,
+                "4096..=536870912",
             ));
         }
         self.reconnect.validate().map_err(|e| e.within("reconnect"))

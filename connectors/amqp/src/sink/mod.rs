@@ -157,7 +157,9 @@ impl AmqpDeferSink {
     /// [`SinkError::NotConfirmed`] when the broker nacked or returned the message or the
     /// publish and its confirm did not finish within `confirm_timeout_ms`;
     /// [`SinkError::Unavailable`] when there is no channel (connection lost, waiting to
-    /// reconnect) or the broker blocks the connection (resource alarm).
+    /// reconnect) or the broker blocks the connection (resource alarm);
+    /// [`SinkError::Rejected`] when the body plus headroom exceeds `max_message_bytes`
+    /// (nothing is sent).
     ///
     /// # Cancel safety
     ///
@@ -170,6 +172,20 @@ impl AmqpDeferSink {
         info: &Republish,
     ) -> Result<(), SinkError> {
         let config = &self.inner.config;
+        let size = message
+            .body()
+            .len()
+            .saturating_add(AmqpSinkConfig::HEADROOM_BYTES);
+        if size > config.max_message_bytes {
+            // This message, not the destination: no outcome that would mark the sink down.
+            published(&config.queue, "too_large");
+            return Err(SinkError::Rejected(format!(
+                "{} bytes of body plus {} of headroom exceed max_message_bytes = {}",
+                message.body().len(),
+                AmqpSinkConfig::HEADROOM_BYTES,
+                config.max_message_bytes
+            )));
+        }
         let bound = Duration::from_millis(config.confirm_timeout_ms);
         match tokio::time::timeout(bound, self.publish_unbounded(message, info)).await {
             Ok(outcome) => outcome,

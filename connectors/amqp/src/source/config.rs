@@ -126,11 +126,15 @@ impl AmqpSourceConfig {
         }
     }
 
-    /// A configuration draining the defer queue `queue` at `uri`: every delivery is
-    /// [`Criticality::Sheddable`] whatever its priority or header, and its deadline header
-    /// (written by the sink) is honoured. Attach it with `Runtime::attach_drain`, which pulls
-    /// only while the Sheddable tier is admitted. The Kafka counterpart is
-    /// `triage_kafka::drain::builder`.
+    /// A configuration draining the defer queue `queue` at `uri`: each copy keeps the tier it
+    /// was deferred with (its [`triage-criticality`](triage::wire::CRITICALITY) header,
+    /// written by the sink; the queue is trusted for it), and its deferral count
+    /// ([`triage-deferrals`](triage::wire::DEFERRALS)), deadline and attempt headers are
+    /// honoured. A copy without a usable label is Sheddable. Failed copies are dead-lettered
+    /// through the runtime's dead-letter sink (`dead_letter_via_sink = true`: the defer queue
+    /// is the sink's, declared without a dead-letter exchange, and a runtime without a
+    /// dead-letter sink refuses the drain). Attach it with `Runtime::attach_drain`, which
+    /// pulls only while load allows. The Kafka counterpart is `triage_kafka::drain::builder`.
     ///
     /// # Examples
     ///
@@ -139,11 +143,16 @@ impl AmqpSourceConfig {
     /// use triage_amqp::AmqpSourceConfig;
     ///
     /// let drain = AmqpSourceConfig::drain("amqp://127.0.0.1:5672/%2f", "orders.deferred");
-    /// assert_eq!(drain.classify.fixed_tier, Some(Criticality::Sheddable));
+    /// assert_eq!(drain.classify.trusted_queues, ["orders.deferred"]);
+    /// assert_eq!(drain.classify.default_tier, Criticality::Sheddable);
+    /// assert_eq!(drain.classify.fixed_tier, None);
+    /// assert!(drain.dead_letter_via_sink);
     /// ```
     pub fn drain(uri: impl Into<String>, queue: impl Into<String>) -> Self {
         let mut config = AmqpSourceConfig::new(uri, queue);
-        config.classify.fixed_tier = Some(Criticality::Sheddable);
+        config.classify.trusted_queues = vec![config.queue.clone()];
+        config.classify.default_tier = Criticality::Sheddable;
+        config.dead_letter_via_sink = true;
         config
     }
 
@@ -249,6 +258,49 @@ impl AmqpSourceConfig {
         tiers.sort_by_key(|t| std::cmp::Reverse(t.tier.rank()));
         slots.extend(tiers.into_iter().map(|t| (t.queue.clone(), Some(t.tier))));
         slots
+    }
+
+    /// Checks that every delivery this source accepts can be re-published through a sink
+    /// configured as `sink` (the runtime's defer or dead-letter queue): `max_payload_bytes +`
+    /// [`AmqpSinkConfig::HEADROOM_BYTES`](crate::AmqpSinkConfig::HEADROOM_BYTES) at most the
+    /// sink's `max_message_bytes`. Otherwise a message the source takes could be refused when
+    /// it has to be deferred or dead-lettered.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming `max_payload_bytes` and the sink's `max_message_bytes`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use triage_amqp::{AmqpSinkConfig, AmqpSourceConfig};
+    ///
+    /// let source = AmqpSourceConfig::new("amqp://127.0.0.1:5672/%2f", "orders");
+    /// let mut sink = AmqpSinkConfig::new("amqp://127.0.0.1:5672/%2f", "orders.deferred");
+    /// source.validate_republish(&sink)?; // the defaults agree
+    /// sink.max_message_bytes = 1_000_000;
+    /// let err = source.validate_republish(&sink).unwrap_err();
+    /// assert_eq!(err.field(), "max_payload_bytes");
+    /// assert!(err.to_string().contains("max_message_bytes = 1000000"), "{err}");
+    /// # Ok::<(), triage::ConfigError>(())
+    /// ```
+    pub fn validate_republish(&self, sink: &crate::AmqpSinkConfig) -> Result<(), ConfigError> {
+        let headroom = crate::AmqpSinkConfig::HEADROOM_BYTES;
+        if self.max_payload_bytes.saturating_add(headroom) <= sink.max_message_bytes {
+            return Ok(());
+        }
+        Err(ConfigError::new(
+            "max_payload_bytes",
+            self.max_payload_bytes,
+            format!(
+                "at most {} (the sink's max_message_bytes = {} for queue {:?}, minus {headroom} \
+                 bytes for triage's headers): lower max_payload_bytes or raise the sink's \
+                 max_message_bytes",
+                sink.max_message_bytes.saturating_sub(headroom),
+                sink.max_message_bytes,
+                sink.queue,
+            ),
+        ))
     }
 
     /// Where `queue`'s rejected deliveries go, if anywhere.
@@ -399,9 +451,7 @@ pub struct ClassifyConfig {
     pub trusted_queues: Vec<String>,
     /// Tier of deliveries with no usable label. Default `medium`.
     pub default_tier: Criticality,
-    /// Every delivery gets this tier, whatever its priority or header say: the drain of a
-    /// defer queue, where everything is Sheddable (see [`AmqpSourceConfig::drain`]). Default
-    /// none.
+    /// Every delivery gets this tier, whatever its priority or header say. Default none.
     pub fixed_tier: Option<Criticality>,
 }
 

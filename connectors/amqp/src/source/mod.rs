@@ -198,6 +198,25 @@ impl AmqpSource {
         })
     }
 
+    /// [`connect`](Self::connect), after checking that every delivery the source accepts can
+    /// be re-published through each of `sinks` (the runtime's defer and dead-letter sinks):
+    /// see [`AmqpSourceConfig::validate_republish`].
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect), and [`AmqpError::Config`] naming `max_payload_bytes`
+    /// and the sink's `max_message_bytes` when they disagree (before connecting).
+    pub async fn connect_republishing(
+        config: AmqpSourceConfig,
+        queue_capacity: NonZeroUsize,
+        sinks: &[&crate::AmqpDeferSink],
+    ) -> Result<Self, AmqpError> {
+        for sink in sinks {
+            config.validate_republish(sink.config())?;
+        }
+        Self::connect(config, queue_capacity).await
+    }
+
     /// Reads deadlines against `clock` instead of the real one; use the runtime's clock.
     #[must_use]
     pub fn with_clock(mut self, clock: Clock) -> Self {
