@@ -5,10 +5,10 @@
 //! `basic.qos` sets a per-consumer prefetch (validated to be at most the runtime queue's
 //! capacity): the broker sends at most that many unacknowledged deliveries, and keeps the
 //! rest, a backlog of any size, on its side, where RabbitMQ's own priority queues still order
-//! it. lapin buffers what the broker pushed in an unbounded channel, but since nothing is
-//! acked before the runtime resolves it, that buffer never holds more than the prefetch.
-//! [`pause`](Source::pause) stops pulling from it; with nothing acked, the broker stops at
-//! the prefetch.
+//! it. The link task moves what the broker pushed into a buffer per queue, but since nothing
+//! is acked before the runtime resolves it, each buffer holds at most the prefetch (per
+//! consumed queue). [`pause`](Source::pause) stops taking from it; with nothing acked, the
+//! broker stops at the prefetch.
 //!
 //! # Settling
 //!
