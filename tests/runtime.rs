@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use triage::admission::QueueAgeConfig;
+use triage::admission::{PullAdmissionConfig, QueueAgeConfig};
 use triage::ledger::Disposition;
 use triage::queue::WfqConfig;
 use triage::runtime::{
@@ -184,6 +184,10 @@ async fn failed_is_acked_only_after_the_dead_letter_sink_confirms() {
 fn overload_config(policy: RefusalPolicy) -> RuntimeConfig {
     let mut c = config(1, 4);
     c.queue.admission = QueueAgeConfig::disabled();
+    // The intake fills the queue to its capacity (not paced to twice the limit), so these tests
+    // reach the full-queue refusals they are about whatever the load signal says.
+    c.admission = PullAdmissionConfig::disabled();
+    c.admission.prefetch_per_slot = 1000;
     c.policy = PerTier::splat(policy);
     c.policy.critical = RefusalPolicy::Backpressure;
     c
@@ -799,6 +803,8 @@ fn fail_zero_hang_one(job: Job<u32>) -> BoxedResult {
 async fn everywhere(broker: &MemoryBroker<u32>) -> (Runtime<u32>, Arc<Hanging>, Arc<Hanging>) {
     let mut c = config(1, 2);
     c.queue.admission = QueueAgeConfig::disabled();
+    // Pull to the queue's capacity, so the last two are refused as Full (not left unpulled).
+    c.admission.prefetch_per_slot = 1000;
     let defer = Arc::new(Hanging::default());
     let dead = Arc::new(Hanging::default());
     let mut rt = Runtime::builder(c)
@@ -925,6 +931,8 @@ async fn defer_or_drop_defers_with_a_sink_and_drops_without() {
         broker.close();
         let mut c = config(1, 2);
         c.queue.admission = QueueAgeConfig::disabled();
+        // Pull the whole backlog at once (not paced), so the full queue refuses some of it.
+        c.admission.prefetch_per_slot = 1000;
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let sink = Arc::new(MemorySink::new());
         let mut builder = Runtime::builder(c);

@@ -1,5 +1,18 @@
 //! Admission: deciding, before any expensive work, whether a message may enter.
 //!
+//! Two signals, for two kinds of entry:
+//!
+//! - **Pulled messages** (Kafka, RabbitMQ, the in-memory broker) are admitted by
+//!   [`PullAdmission`]: overload is arrival beyond capacity, inferred from the broker's lag
+//!   trend, not a deep internal queue. A backlog with time left on its deadlines is served in
+//!   order; what is past its deadline is expired at intake, from headers alone; lower tiers are
+//!   refused (deferred, dropped or held, per their policy) only while the arrival rate exceeds
+//!   the capacity, to reach the more important work behind them. See its docs for the why.
+//! - **Pushed messages** (`Runtime::try_submit`, an HTTP entry) are admitted by queue age,
+//!   below: there the queue's age is the wait of callers at the door.
+//!
+//! # Queue age
+//!
 //! The signal is **queue age**, the wait of the oldest item, because it says whether anyone is
 //! still waiting and it leads the collapse instead of trailing it as CPU does (the
 //! load-shedding literature this design started from; CoDel makes the same argument for
@@ -18,8 +31,12 @@
 //! number (see [`QueueAgeAdmission`]).
 
 mod config;
+mod pull;
+mod pull_config;
 mod queue_age;
 
 pub use config::{QueueAgeConfig, MAX_CUTOFF_MS};
+pub use pull::{PullAdmission, PullSample};
+pub use pull_config::PullAdmissionConfig;
 pub(crate) use queue_age::admits_at;
 pub use queue_age::QueueAgeAdmission;

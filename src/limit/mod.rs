@@ -305,7 +305,14 @@ impl ConcurrencyLimit {
     /// Lock-free and allocation-free: a compare-and-swap loop on the in-flight
     /// count.
     pub fn try_acquire(&self, tier: Criticality) -> Option<Permit> {
-        let allowed = self.allowed(tier);
+        self.try_acquire_up_to(tier, self.allowed(tier))
+    }
+
+    /// Takes a slot for one `tier` job if fewer than `allowed` jobs of any tier are in flight
+    /// (capped at the limit): for a tier that may borrow idle slots beyond its share
+    /// (work-conserving shares, decided by the caller); `None` means "not now".
+    pub fn try_acquire_up_to(&self, tier: Criticality, allowed: usize) -> Option<Permit> {
+        let allowed = allowed.min(self.limit());
         let in_flight = &self.inner.in_flight;
         // Relaxed suffices: the count is the only datum guarded, and the CAS alone orders
         // increments against each other; a waiter's fence orders its check (see `Inner`).

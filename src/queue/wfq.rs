@@ -106,6 +106,13 @@ impl TierMask {
         TierMask(self.0 & !other.0)
     }
 
+    /// The tiers a shed `level` refuses: ranks below it (0: none; 1: Sheddable; ...; 4 or
+    /// more: all).
+    pub const fn below(level: u8) -> TierMask {
+        let level = if level > 4 { 4 } else { level };
+        TierMask((1u8 << level) - 1)
+    }
+
     /// Whether `tier` is in the set.
     pub const fn contains(self, tier: Criticality) -> bool {
         self.0 & (1 << tier.rank()) != 0
@@ -271,6 +278,28 @@ impl<T> WfqQueue<T> {
             self.overloaded[tier.rank()].fetch_add(1, Ordering::Relaxed);
             return Err(PushError::Overloaded(item));
         }
+        self.push_unchecked(item, meta)
+    }
+
+    /// Like [`push`](Self::push), without the queue-age check: for a caller that admits by a
+    /// signal of its own, such as a pull-based consumer (see
+    /// [`PullAdmission`](crate::admission::PullAdmission)), where the queue's age measures how
+    /// eagerly the intake pulled, not overload. Capacity, byte budget and eviction apply as
+    /// usual.
+    ///
+    /// # Errors
+    ///
+    /// As [`push`](Self::push), except [`PushError::Overloaded`].
+    #[inline]
+    pub fn push_admitted(&self, item: T, meta: Meta) -> Result<Evictions<T>, PushError<T>> {
+        if self.shed_level.load(Ordering::Relaxed) == CLOSED_LEVEL {
+            return Err(PushError::Closed(item));
+        }
+        self.push_unchecked(item, meta)
+    }
+
+    #[inline]
+    fn push_unchecked(&self, item: T, meta: Meta) -> Result<Evictions<T>, PushError<T>> {
         let now = self.now();
         let mut st = self.state.lock();
         let (evicted, _) = st.core.push(item, meta, now, || self.clock.now())?;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::admission::PullAdmissionConfig;
 use crate::limit::{LimitConfig, TierShares};
 use crate::queue::WfqConfig;
 use crate::{ConfigError, PerTier};
@@ -139,20 +140,39 @@ pub struct RuntimeConfig {
     /// below it. Allowed `1..=100_000`. Default `8`.
     #[serde(deserialize_with = "crate::config_de::count::<_, 100_000>")]
     pub workers: NonZeroUsize,
-    /// The queue: capacity, byte budget, weights, queue-age cut-offs. See [`WfqConfig`].
+    /// The queue: capacity, byte budget, weights, and the queue-age cut-offs that admit
+    /// messages offered with [`try_submit`](crate::runtime::Runtime::try_submit) (pushed work).
+    /// Pulled messages are admitted by `admission` instead. See [`WfqConfig`].
     pub queue: WfqConfig,
+    /// Admission of pulled messages: overload is arrival beyond capacity (the broker's lag
+    /// trend against the measured capacity), not a deep queue. See [`PullAdmissionConfig`].
+    pub admission: PullAdmissionConfig,
     /// Concurrency limit algorithm (fixed, AIMD or Gradient2). Default: fixed at `workers`.
     pub limit: Option<LimitConfig>,
     /// Share of the concurrency limit each tier may use (priority-scaled concurrency shares, as in
     /// "Load Shedding: Drop Low-Priority Work to Save the Rest"). Default
     /// `1.0 / 0.9 / 0.75 / 0.5`.
     pub shares: TierShares,
+    /// Work-conserving shares: a tier may use idle slots beyond its share while no higher tier
+    /// has had work queued for `share_reserve_ms`, so workers never idle next to waiting
+    /// lower-tier work. The cost is that a higher-tier message arriving after a quiet spell
+    /// may wait for the first slot to free. `false` keeps the shares strict. Default `true`.
+    pub work_conserving: bool,
+    /// How long after a higher tier last had work queued the lower tiers still leave its share
+    /// free, in milliseconds. Allowed `0..=600_000`. Default `1000`.
+    pub share_reserve_ms: u64,
     /// Refusal policy per tier. Default: Backpressure for Critical and High, DeferOrDrop for
     /// Medium and Sheddable (Defer with a defer sink, Drop without one). An explicit `defer`
     /// without a defer sink is refused at start-up, naming the tier (`policy.medium`).
     pub policy: PerTier<RefusalPolicy>,
     /// Handler retries.
     pub retry: RetryConfig,
+    /// Times one message may be deferred (counted by the `triage-deferrals` header its copies
+    /// carry). A message deferred this many times is not deferred again: when its tier is
+    /// refused it is held (backpressure, in the drain's topic or queue) until it is served or
+    /// its deadline passes, so it ends `Completed` or `Expired`, never bouncing between the
+    /// topics. Allowed `1..=1000`. Default `3`.
+    pub max_deferrals: u32,
     /// Deferrals waiting for their broker confirm at once; past it, refused messages of a
     /// Defer tier are held (backpressure). Allowed `1..=100_000`. Default `256`.
     #[serde(deserialize_with = "crate::config_de::count::<_, 100_000>")]
@@ -190,8 +210,11 @@ impl Default for RuntimeConfig {
         RuntimeConfig {
             workers: NonZeroUsize::new(8).unwrap_or(NonZeroUsize::MIN),
             queue: WfqConfig::default(),
+            admission: PullAdmissionConfig::default(),
             limit: None,
             shares: TierShares::default(),
+            work_conserving: true,
+            share_reserve_ms: 1000,
             policy: PerTier::new(
                 RefusalPolicy::Backpressure,
                 RefusalPolicy::Backpressure,
@@ -199,6 +222,7 @@ impl Default for RuntimeConfig {
                 RefusalPolicy::DeferOrDrop,
             ),
             retry: RetryConfig::default(),
+            max_deferrals: 3,
             max_deferring: NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN),
             max_dead_lettering: NonZeroUsize::new(64).unwrap_or(NonZeroUsize::MIN),
             defer_cooldown_ms: 1000,
@@ -259,6 +283,23 @@ impl RuntimeConfig {
             return Err(ConfigError::new("workers", self.workers, "1..=100000"));
         }
         self.queue.validate()?;
+        self.admission
+            .validate()
+            .map_err(|e| e.within("admission"))?;
+        if self.share_reserve_ms > 600_000 {
+            return Err(ConfigError::new(
+                "share_reserve_ms",
+                self.share_reserve_ms,
+                "0..=600000",
+            ));
+        }
+        if !(1..=1000).contains(&self.max_deferrals) {
+            return Err(ConfigError::new(
+                "max_deferrals",
+                self.max_deferrals,
+                "1..=1000",
+            ));
+        }
         if let Some(limit) = &self.limit {
             limit.validate().map_err(|e| {
                 ConfigError::new(e.field.to_string(), e.value.clone(), e.allowed.clone())

@@ -1,7 +1,7 @@
 //! The runtime's moving parts: admission of offered items, refusal policies, deferral, workers.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -11,9 +11,10 @@ use quanta::{Clock, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admission::{admits_at, PullAdmission, PullSample};
 use crate::ledger::Disposition;
 use crate::limit::ConcurrencyLimit;
-use crate::queue::{Dequeued, Meta, RefuseReason, Removed, TryPopError, WfqQueue};
+use crate::queue::{Dequeued, Meta, RefuseReason, Removed, TierMask, TryPopError, WfqQueue};
 use crate::runtime::item::{Accounts, Item};
 use crate::runtime::metrics::{reason_index, EVICTED};
 use crate::runtime::{
@@ -95,6 +96,21 @@ pub(crate) struct Inner<T> {
     /// When the last line about held dead letters was logged (ns since `origin`; `u64::MAX`
     /// for never).
     pub(crate) dead_letter_logged_at: AtomicU64,
+    /// Pull-based admission's shed level: pulled messages of tiers with `rank() < level` are
+    /// refused. Written by the sampler.
+    pub(crate) shed_level: AtomicU8,
+    /// Messages pulled from non-drain sources, per tier rank: the arrival mix.
+    pub(crate) pulled: [AtomicU64; 4],
+    /// Handler runs finished, and their summed run time in ns: the capacity estimate.
+    pub(crate) served: AtomicU64,
+    pub(crate) busy_ns: AtomicU64,
+    /// Each non-drain source's lag, written by its intake (`u64::MAX`: unknown).
+    pub(crate) lags: parking_lot::Mutex<Vec<Arc<AtomicU64>>>,
+    /// Woken when a worker takes an item while an intake waits for room (pacing).
+    pub(crate) room: tokio::sync::Notify,
+    pub(crate) room_waiters: AtomicUsize,
+    /// When each tier (rank) last had an item queued, ns since `origin` (0: never).
+    pub(crate) last_work_ns: [AtomicU64; 4],
 }
 
 /// What became of an offered item.
@@ -133,6 +149,14 @@ impl<T: Send + Sync + 'static> Inner<T> {
         self.settle(item, Disposition::Expired);
     }
 
+    /// A message pulled past its deadline: expired before it is queued, counted apart.
+    pub(crate) fn expire_at_intake(&self, item: Item<T>) {
+        self.accounts.metrics.tiers[item.original]
+            .expired_at_intake
+            .increment(1);
+        self.expire(item);
+    }
+
     pub(crate) fn poll_interval(&self) -> Duration {
         Duration::from_millis(self.config.poll_interval_ms)
     }
@@ -144,11 +168,6 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// ack's resolve.
     pub(crate) fn offer(self: &Arc<Self>, mut item: Item<T>) -> Offer<T> {
         let tier = item.tier();
-        let first_admission = !item.admitted_before;
-        item.admitted_before = true;
-        let meta = Meta::new(tier)
-            .deadline_opt(item.deadline)
-            .size_bytes(item.size_bytes);
         let seq = self.refusals.load(Ordering::Relaxed);
         let sampled = seq % REJECT_SAMPLE_EVERY == 0;
         let started = if sampled {
@@ -156,8 +175,22 @@ impl<T: Send + Sync + 'static> Inner<T> {
         } else {
             None
         };
-        match self.queue.push(item, meta) {
+        if !item.pushed && !admits_at(self.shed_level.load(Ordering::Relaxed), tier) {
+            return self.refused(item, RefuseReason::Overloaded, started);
+        }
+        let first_admission = !item.admitted_before;
+        item.admitted_before = true;
+        let meta = Meta::new(tier)
+            .deadline_opt(item.deadline)
+            .size_bytes(item.size_bytes);
+        let pushed = if item.pushed {
+            self.queue.push(item, meta)
+        } else {
+            self.queue.push_admitted(item, meta)
+        };
+        match pushed {
             Ok(evicted) => {
+                self.last_work_ns[tier.rank()].store(self.recent_ns().max(1), Ordering::Relaxed);
                 if first_admission {
                     self.accounts.metrics.tiers[tier].admitted.increment(1);
                     self.accounts.admitted[tier.rank()].fetch_add(1, Ordering::Relaxed);
@@ -199,34 +232,102 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 }
                 let mut item = err.into_inner();
                 item.admitted_before = !first_admission;
-                let r = reason_index(reason);
-                if !item.refused_before {
-                    // Count messages, not attempts: a held message is offered again and again.
-                    item.refused_before = true;
-                    self.accounts.metrics.tiers[tier].refused[r].increment(1);
-                    self.accounts.refused[tier.rank()].fetch_add(1, Ordering::Relaxed);
-                }
-                let defer_reason = match reason {
-                    RefuseReason::Full | RefuseReason::TooLarge => DeferReason::Full,
-                    _ => DeferReason::Overloaded,
-                };
-                let out = self.refuse(item, r, defer_reason);
-                self.refusals.fetch_add(1, Ordering::Relaxed);
-                if let Some(started) = started {
-                    let cost = self.clock.now().saturating_duration_since(started);
-                    self.accounts.metrics.reject_cost.record(cost.as_secs_f64());
-                }
-                out
+                self.refused(item, reason, started)
             }
         }
     }
 
-    fn policy(&self, item: &Item<T>) -> RefusalPolicy {
-        if item.from_drain {
-            // Deferred work refused again waits in its topic: deferring it anew would loop.
-            return RefusalPolicy::Backpressure;
+    /// The refuse path: counted once per message, then the tier's policy.
+    pub(crate) fn refused(
+        self: &Arc<Self>,
+        mut item: Item<T>,
+        reason: RefuseReason,
+        started: Option<Instant>,
+    ) -> Offer<T> {
+        let tier = item.tier();
+        let r = reason_index(reason);
+        if !item.refused_before {
+            // Count messages, not attempts: a held message is offered again and again.
+            item.refused_before = true;
+            self.accounts.metrics.tiers[tier].refused[r].increment(1);
+            self.accounts.refused[tier.rank()].fetch_add(1, Ordering::Relaxed);
         }
+        let defer_reason = match reason {
+            RefuseReason::Full | RefuseReason::TooLarge => DeferReason::Full,
+            _ => DeferReason::Overloaded,
+        };
+        let out = self.refuse(item, r, defer_reason);
+        self.refusals.fetch_add(1, Ordering::Relaxed);
+        if let Some(started) = started {
+            let cost = self.clock.now().saturating_duration_since(started);
+            self.accounts.metrics.reject_cost.record(cost.as_secs_f64());
+        }
+        out
+    }
+
+    /// The load level handlers see and held messages are re-offered on: the higher of the
+    /// pull-based and queue-age shed levels.
+    pub(crate) fn load_level(&self) -> u8 {
+        self.shed_level
+            .load(Ordering::Relaxed)
+            .max(self.queue.shed_level())
+    }
+
+    /// Recent time (one atomic load), ns since `origin`.
+    fn recent_ns(&self) -> u64 {
+        self.clock
+            .recent()
+            .saturating_duration_since(self.origin)
+            .as_nanos() as u64
+    }
+
+    /// How many handlers of any tier may be running for a `tier` job to start: its share of
+    /// the limit, or the whole limit while no higher tier has had work queued for
+    /// `share_reserve_ms` (work-conserving shares).
+    fn allowance(&self, tier: Criticality) -> usize {
+        if self.config.work_conserving && self.higher_tiers_quiet(tier) {
+            self.limit.limit()
+        } else {
+            self.limit.allowed(tier)
+        }
+    }
+
+    /// Whether no tier above `tier` has had work queued within `share_reserve_ms`.
+    fn higher_tiers_quiet(&self, tier: Criticality) -> bool {
+        let now = self.recent_ns();
+        let reserve = self.config.share_reserve_ms.saturating_mul(1_000_000);
+        Criticality::ALL
+            .iter()
+            .filter(|t| t.rank() > tier.rank())
+            .all(|t| {
+                let last = self.last_work_ns[t.rank()].load(Ordering::Relaxed);
+                last == 0 || now.saturating_sub(last) >= reserve
+            })
+    }
+
+    /// The tiers a worker may take now: those under their share of the limit, plus, with
+    /// work-conserving shares, those whose higher tiers are quiet while a slot is idle.
+    fn worker_mask(&self) -> TierMask {
+        let mask = self.limit.allowed_mask();
+        if !self.config.work_conserving || self.limit.in_flight() >= self.limit.limit() {
+            return mask;
+        }
+        let mut mask = mask;
+        for tier in Criticality::ALL {
+            if !mask.contains(tier) && self.higher_tiers_quiet(tier) {
+                mask = mask.with(tier);
+            }
+        }
+        mask
+    }
+
+    fn policy(&self, item: &Item<T>) -> RefusalPolicy {
         match self.config.policy[item.tier()] {
+            // Deferred often enough: it waits (in its topic, or held) until served or expired,
+            // rather than bouncing between the topics.
+            RefusalPolicy::Defer if item.deferrals >= self.config.max_deferrals => {
+                RefusalPolicy::Backpressure
+            }
             RefusalPolicy::Defer if self.defer.is_none() => RefusalPolicy::Drop,
             RefusalPolicy::Defer if !self.defer_healthy() => RefusalPolicy::Backpressure,
             p => p,
@@ -380,8 +481,11 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// concurrency limit is not used up. `None` once the queue is closed and empty.
     async fn next_item(&self) -> Option<Dequeued<Item<T>>> {
         loop {
-            match self.queue.try_pop_masked(self.limit.allowed_mask()) {
-                Ok(d) => return Some(d),
+            match self.queue.try_pop_masked(self.worker_mask()) {
+                Ok(d) => {
+                    self.wake_intake();
+                    return Some(d);
+                }
                 Err(TryPopError::Closed) => return None,
                 Err(_) => {}
             }
@@ -389,13 +493,16 @@ impl<T: Send + Sync + 'static> Inner<T> {
             let on_push = self.queue.listen();
             // Only a worker that sees work its tiers' shares hold back waits for a slot too:
             // an idle worker over an empty queue is woken by a push, not by every completion.
-            let held_back = self.queue.backlog().without(self.limit.allowed_mask());
+            let held_back = self.queue.backlog().without(self.worker_mask());
             let on_release = self
                 .limit
                 .most_allowed(held_back)
                 .map(|tier| self.limit.listen(tier));
-            match self.queue.try_pop_masked(self.limit.allowed_mask()) {
-                Ok(d) => return Some(d),
+            match self.queue.try_pop_masked(self.worker_mask()) {
+                Ok(d) => {
+                    self.wake_intake();
+                    return Some(d);
+                }
                 Err(TryPopError::Closed) => return None,
                 Err(_) => {}
             }
@@ -406,6 +513,14 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 },
                 None => on_push.await,
             }
+        }
+    }
+
+    /// An intake pacing its pulls waits for room in the queue: tell it a worker took one.
+    #[inline]
+    fn wake_intake(&self) {
+        if self.room_waiters.load(Ordering::Relaxed) > 0 {
+            self.room.notify_waiters();
         }
     }
 
@@ -436,7 +551,12 @@ impl<T: Send + Sync + 'static> Inner<T> {
     async fn serve(self: &Arc<Self>, mut item: Item<T>, enqueued_at: Instant) {
         let tier = item.tier();
         // The mask admitted this tier; another worker may have taken the last slot since.
-        let permit = self.limit.acquire(tier).await;
+        // With work-conserving shares a tier may borrow an idle slot beyond its share; else it
+        // waits for a slot within its share.
+        let permit = match self.limit.try_acquire_up_to(tier, self.allowance(tier)) {
+            Some(p) => p,
+            None => self.limit.acquire(tier).await,
+        };
         let job = Job {
             payload: item.share(),
             criticality: tier,
@@ -444,7 +564,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             attempt: item.attempt,
             deadline: item.deadline,
             enqueued_at,
-            load: LoadLevel(self.queue.shed_level()),
+            load: LoadLevel(self.load_level()),
             clock: self.clock.clone(),
         };
         let started = self.clock.now();
@@ -460,6 +580,9 @@ impl<T: Send + Sync + 'static> Inner<T> {
             .latency
             .record(latency.as_secs_f64());
         let _ = permit.record(latency, false);
+        self.served.fetch_add(1, Ordering::Relaxed);
+        self.busy_ns
+            .fetch_add(latency.as_nanos() as u64, Ordering::Relaxed);
         match outcome {
             Ok(Ok(())) => {
                 let m = &self.accounts.metrics.tiers[item.original];
@@ -633,21 +756,36 @@ impl<T: Send + Sync + 'static> Inner<T> {
 
     /// Gauges and the admission clock, on a timer: nothing here runs per message.
     pub(crate) async fn sampler(self: Arc<Self>) {
-        let every = Duration::from_millis(250).max(self.poll_interval());
+        let every = Duration::from_millis(self.config.admission.tick_ms);
+        let mut pull = PullAdmission::new(&self.config.admission);
         loop {
             tokio::select! {
                 _ = self.stop.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
             }
-            self.queue.refresh_admission();
+            let lag = self.lag();
+            let sample = PullSample {
+                at: self.clock.now().saturating_duration_since(self.origin),
+                lag,
+                pulled: std::array::from_fn(|r| self.pulled[r].load(Ordering::Relaxed)),
+                served: self.served.load(Ordering::Relaxed),
+                busy: Duration::from_nanos(self.busy_ns.load(Ordering::Relaxed)),
+                limit: self.limit.limit(),
+            };
+            let level = pull.observe(&sample);
+            self.shed_level.store(level, Ordering::Relaxed);
             let m = &self.accounts.metrics;
             let depths = self.queue.depths();
             let ages = self.queue.ages();
+            self.queue.refresh_admission();
             for tier in Criticality::ALL {
                 m.tiers[tier].depth.set(depths[tier] as f64);
                 m.tiers[tier].age.set(ages[tier].as_secs_f64());
             }
-            m.shed_level.set(f64::from(self.queue.shed_level()));
+            m.shed_level.set(f64::from(level));
+            m.arrival_rate.set(pull.arrival_rate());
+            m.capacity.set(pull.capacity().unwrap_or(0.0));
+            m.lag.set(lag.map_or(-1.0, |l| l as f64));
             m.in_flight.set(self.limit.in_flight() as f64);
             m.limit.set(self.limit.limit() as f64);
             m.held.set(self.held.load(Ordering::Relaxed) as f64);
@@ -656,12 +794,26 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
     }
 
+    /// The sum of the non-drain sources' lags; `None` if any is unknown.
+    fn lag(&self) -> Option<u64> {
+        let lags = self.lags.lock();
+        let mut sum = 0u64;
+        for slot in lags.iter() {
+            let l = slot.load(Ordering::Relaxed);
+            if l == u64::MAX {
+                return None;
+            }
+            sum = sum.saturating_add(l);
+        }
+        Some(sum)
+    }
+
     /// Queued items at shutdown: deferred where their policy says so (and the sink is up),
     /// otherwise released unacknowledged for redelivery.
     pub(crate) fn drain_queue(self: &Arc<Self>) {
         for e in self.queue.close() {
             let item = e.into_inner();
-            let defer = !item.from_drain
+            let defer = item.deferrals < self.config.max_deferrals
                 && self.defer.is_some()
                 && self.config.policy[item.tier()] == RefusalPolicy::Defer
                 && self.defer_healthy();

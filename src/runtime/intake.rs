@@ -1,5 +1,19 @@
 //! Pulling from a source: one task per attached source.
 //!
+//! # Pull is not push
+//!
+//! The broker is the buffer. While the worker is not overloaded (pull-based admission's shed
+//! level is 0), the intake pulls only while fewer than `prefetch_per_slot ×` the concurrency
+//! limit messages are queued: every worker has work, and a backlog stays in the broker and is
+//! served in offset order, never deferred for being a backlog. While overloaded (arrival beyond
+//! capacity), the intake pulls as fast as admission decides, so the refused lower tiers are
+//! moved out of the way (deferred, dropped or held, per their policy) and the more important
+//! work behind them in the same partition or queue is reached in time; a source with a topic
+//! per tier is told which tiers are shed ([`Source::pause_tiers`]) and stops pulling them.
+//!
+//! Every pulled message whose deadline has already passed is expired at once, from its headers
+//! alone, before it is queued: the free shed.
+//!
 //! A message refused under the Backpressure policy is *held* by the intake and offered again as
 //! capacity returns. Holding one message and stopping would put every message behind it in the
 //! same partition behind it too: a held High message would make the Critical ones after it
@@ -9,24 +23,25 @@
 //! `capacity + in flight + max_held` messages per runtime and source.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::queue::TierMask;
 use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::item::Item;
 use crate::runtime::Source;
-use crate::Criticality;
 
 /// How a source is pulled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Mode {
     /// Pull whenever the held buffer has room.
     Normal,
-    /// Deferred work coming back: pull only while the Sheddable tier is admitted and workers
-    /// are idle, and never defer it again.
+    /// Deferred work coming back: pull only while nothing is shed and workers are idle. Its
+    /// copies keep the tier they were deferred with; one deferred `max_deferrals` times is not
+    /// deferred again.
     Drain,
 }
 
@@ -59,7 +74,7 @@ impl<T: Send + Sync + 'static> Held<T> {
     fn sweep_due(&self, inner: &Inner<T>) -> bool {
         !self.items.is_empty()
             && (inner.queue.pop_count() != self.swept_pops
-                || inner.queue.shed_level() != self.swept_level
+                || inner.load_level() != self.swept_level
                 || self.swept_at.elapsed() >= inner.poll_interval())
     }
 
@@ -67,7 +82,7 @@ impl<T: Send + Sync + 'static> Held<T> {
     /// sweep, and settles as expired those whose deadline passed while held.
     fn sweep(&mut self, inner: &Arc<Inner<T>>) {
         self.swept_pops = inner.queue.pop_count();
-        self.swept_level = inner.queue.shed_level();
+        self.swept_level = inner.load_level();
         self.swept_at = tokio::time::Instant::now();
         self.refused_floor = None;
         let now = inner.clock.now();
@@ -122,10 +137,10 @@ impl<T: Send + Sync + 'static> Held<T> {
     }
 }
 
-/// Whether deferred work may be pulled now: the load is below Sheddable's cut-off and the
-/// queue has no backlog for the workers (queue age alone lags a burst of fresh items).
+/// Whether deferred work may be pulled now: nothing is shed and the queue has no backlog for
+/// the workers.
 fn drain_allowed<T: Send + Sync + 'static>(inner: &Inner<T>) -> bool {
-    inner.queue.admits(Criticality::Sheddable)
+    inner.load_level() == 0
         && inner.queue.len() < inner.config.workers.get()
         && inner.limit.in_flight() < inner.limit.limit()
 }
@@ -154,6 +169,7 @@ pub(crate) async fn run<S: Source>(
     inner: Arc<Inner<S::Payload>>,
     mut source: S,
     mode: Mode,
+    lag: Arc<AtomicU64>,
     drained: CancellationToken,
     final_ack: Arc<parking_lot::Mutex<Option<tokio::time::Instant>>>,
 ) where
@@ -164,7 +180,17 @@ pub(crate) async fn run<S: Source>(
     let mut paused = false;
     let poll = inner.poll_interval();
     let mut finished = false;
+    let mut paused_tiers = TierMask::NONE;
     loop {
+        lag.store(source.lag().unwrap_or(u64::MAX), Ordering::Relaxed);
+        let level = inner.shed_level.load(Ordering::Relaxed);
+        if mode == Mode::Normal {
+            let shed = TierMask::below(level);
+            if shed != paused_tiers {
+                source.pause_tiers(shed);
+                paused_tiers = shed;
+            }
+        }
         if held.sweep_due(&inner) {
             held.sweep(&inner);
         }
@@ -178,6 +204,26 @@ pub(crate) async fn run<S: Source>(
             paused = full;
         }
         let may_pull = !full && !finished && (mode == Mode::Normal || drain_allowed(&inner));
+        // Not overloaded: pull only what the workers will serve soon; the broker keeps the rest.
+        let prefetch = inner.config.admission.prefetch_per_slot * inner.limit.limit().max(1);
+        if may_pull && mode == Mode::Normal && level == 0 && inner.queue.len() >= prefetch {
+            let room = inner.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            inner.room_waiters.fetch_add(1, Ordering::Relaxed);
+            if inner.queue.len() >= prefetch {
+                tokio::select! {
+                    _ = inner.stop.cancelled() => {
+                        inner.room_waiters.fetch_sub(1, Ordering::Relaxed);
+                        break;
+                    }
+                    _ = &mut room => {}
+                    _ = tokio::time::sleep(poll) => {}
+                }
+            }
+            inner.room_waiters.fetch_sub(1, Ordering::Relaxed);
+            continue;
+        }
         if !may_pull {
             if finished && held.items.is_empty() {
                 break;
@@ -207,7 +253,16 @@ pub(crate) async fn run<S: Source>(
                 continue;
             }
         };
-        let item = Item::consumed(envelope, mode == Mode::Drain, &inner.accounts);
+        let tier = envelope.criticality;
+        let item = Item::consumed(envelope, &inner.accounts);
+        if mode == Mode::Normal {
+            inner.pulled[tier.rank()].fetch_add(1, Ordering::Relaxed);
+        }
+        // Past its deadline already: expired from its headers alone, before any queueing.
+        if item.deadline.is_some_and(|d| d <= inner.clock.recent()) {
+            inner.expire_at_intake(item);
+            continue;
+        }
         held.offer_new(&inner, item);
     }
     inner

@@ -45,8 +45,9 @@ pub(crate) struct Item<T> {
     pub(crate) deferrals: u32,
     pub(crate) deadline: Option<Instant>,
     pub(crate) size_bytes: usize,
-    /// Set by a drain source: refusals hold it rather than deferring it again.
-    pub(crate) from_drain: bool,
+    /// Offered by an in-process producer (`try_submit`): admitted by queue age, not by the
+    /// pull-based level.
+    pub(crate) pushed: bool,
     /// Already counted as refused: a held message offered again is not counted twice.
     pub(crate) refused_before: bool,
     /// Already counted as admitted: a message evicted and queued again counts once.
@@ -56,7 +57,7 @@ pub(crate) struct Item<T> {
 }
 
 impl<T> Item<T> {
-    pub(crate) fn consumed(env: Envelope<T>, from_drain: bool, accounts: &Arc<Accounts>) -> Self {
+    pub(crate) fn consumed(env: Envelope<T>, accounts: &Arc<Accounts>) -> Self {
         let original = env.criticality;
         accounts.ledger.record_consumed(original);
         accounts.metrics.tiers[original].consumed.increment(1);
@@ -68,7 +69,7 @@ impl<T> Item<T> {
             deferrals: env.deferrals,
             deadline: env.deadline,
             size_bytes: env.size_bytes,
-            from_drain,
+            pushed: false,
             refused_before: false,
             admitted_before: false,
             ack: Some(env.ack),

@@ -2,7 +2,7 @@
 //! tests. Integration tests use real brokers.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
@@ -63,6 +63,8 @@ struct BrokerState<T> {
 struct BrokerInner<T> {
     state: Mutex<BrokerState<T>>,
     available: Notify,
+    /// Messages published and not yet pulled, readable without the lock (the source's lag).
+    backlog: AtomicU64,
 }
 
 impl<T: Send + 'static> AckSink for BrokerInner<T> {
@@ -140,6 +142,7 @@ impl<T: Send + 'static> MemoryBroker<T> {
                     closed: false,
                 }),
                 available: Notify::new(),
+                backlog: AtomicU64::new(0),
             }),
         }
     }
@@ -158,6 +161,20 @@ impl<T: Send + 'static> MemoryBroker<T> {
         deadline: Option<Instant>,
         size_bytes: usize,
     ) -> u64 {
+        self.publish_copy(payload, criticality, deadline, size_bytes, 0)
+    }
+
+    /// Appends a copy of a message that has been deferred `deferrals` times already, as a
+    /// drain reads it back (its tier and its `triage-deferrals` count); returns its sequence
+    /// number.
+    pub fn publish_copy(
+        &self,
+        payload: T,
+        criticality: Criticality,
+        deadline: Option<Instant>,
+        size_bytes: usize,
+        deferrals: u32,
+    ) -> u64 {
         let seq = {
             let mut st = self.inner.state.lock();
             let seq = st.states.len() as u64;
@@ -173,8 +190,12 @@ impl<T: Send + 'static> MemoryBroker<T> {
             );
             let env = Envelope::new(payload, criticality, ack)
                 .with_deadline_opt(deadline)
-                .with_size_bytes(size_bytes);
+                .with_size_bytes(size_bytes)
+                .with_deferrals(deferrals);
             st.log.push_back(env);
+            self.inner
+                .backlog
+                .store(st.log.len() as u64, Ordering::Relaxed);
             seq
         };
         self.inner.available.notify_one();
@@ -256,6 +277,10 @@ impl<T: Send + 'static> Source for MemorySource<T> {
             {
                 let mut st = self.broker.inner.state.lock();
                 if let Some(env) = st.log.pop_front() {
+                    self.broker
+                        .inner
+                        .backlog
+                        .store(st.log.len() as u64, Ordering::Relaxed);
                     return Some(env);
                 }
                 if st.closed {
@@ -264,6 +289,11 @@ impl<T: Send + 'static> Source for MemorySource<T> {
             }
             notified.await;
         }
+    }
+
+    /// The messages published and not yet pulled.
+    fn lag(&self) -> Option<u64> {
+        Some(self.broker.inner.backlog.load(Ordering::Relaxed))
     }
 }
 

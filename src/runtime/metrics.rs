@@ -20,7 +20,8 @@
 //! | `triage_dead_letter_references_total` | counter | | reference copies published in place of a dead letter refused for good |
 //! | `triage_dead_letter_rejected_total` | counter | | messages whose dead letter and reference copy were both refused for good (held unacknowledged) |
 //! | `triage_dead_letters_held` | gauge | | messages held unacknowledged because their dead letter was refused for good |
-//! | `triage_expired_total` | counter | tier | messages discarded at dequeue past their deadline |
+//! | `triage_expired_total` | counter | tier | messages ending `Expired` (past their deadline: at intake, held, or at dequeue) |
+//! | `triage_expired_at_intake_total` | counter | tier | of those, expired at intake from headers alone, before any queueing |
 //! | `triage_completed_total` | counter | tier | handler successes |
 //! | `triage_goodput_total` | counter | tier | handler successes inside the deadline |
 //! | `triage_failed_total` | counter | tier | messages ending `Failed` (dead-lettered) |
@@ -30,7 +31,10 @@
 //! | `triage_backpressure_total` | counter | tier | messages held because their tier's policy is backpressure |
 //! | `triage_queue_depth` | gauge | tier | items queued |
 //! | `triage_queue_age_seconds` | gauge | tier | queue age the tier sees (oldest item at or above it) |
-//! | `triage_shed_level` | gauge | | tiers refused by queue-age admission, 0..=4 |
+//! | `triage_shed_level` | gauge | | tiers refused by pull-based admission, 0..=3 (bottom prefix of the ladder) |
+//! | `triage_arrival_rate` | gauge | | arrival rate pull-based admission infers (pulling + lag trend), messages/s |
+//! | `triage_capacity` | gauge | | capacity it measures (limit / mean handler time), messages/s |
+//! | `triage_lag` | gauge | | messages waiting in the brokers for the attached sources (-1: unknown) |
 //! | `triage_in_flight` | gauge | | handlers running |
 //! | `triage_concurrency_limit` | gauge | | current concurrency limit |
 //! | `triage_held` | gauge | | messages held by backpressure |
@@ -156,7 +160,11 @@ pub(crate) const DEAD_LETTERS_HELD: Def = gauge_def(
 );
 pub(crate) const EXPIRED: Def = counter_def(
     "triage_expired_total",
-    "Messages discarded past their deadline without being served, by tier.",
+    "Messages discarded past their deadline without being served (at intake, held or at dequeue), by tier.",
+);
+pub(crate) const EXPIRED_AT_INTAKE: Def = counter_def(
+    "triage_expired_at_intake_total",
+    "Of the expired messages, those pulled already past their deadline and expired from their headers alone, by tier.",
 );
 pub(crate) const COMPLETED: Def = counter_def(
     "triage_completed_total",
@@ -199,7 +207,22 @@ pub(crate) const QUEUE_AGE: Def = gauge_def(
 pub(crate) const SHED_LEVEL: Def = gauge_def(
     "triage_shed_level",
     None,
-    "Tiers refused by queue-age admission, 0 (all admitted) to 4 (all refused), lowest tiers first.",
+    "Tiers refused by pull-based admission (arrival beyond capacity), 0 (all admitted) to 3 (Critical only), lowest tiers first.",
+);
+pub(crate) const ARRIVAL_RATE: Def = gauge_def(
+    "triage_arrival_rate",
+    None,
+    "Arrival rate inferred by pull-based admission (pulling rate plus lag trend), messages per second.",
+);
+pub(crate) const CAPACITY: Def = gauge_def(
+    "triage_capacity",
+    None,
+    "Capacity measured by pull-based admission (concurrency limit / mean handler time), messages per second.",
+);
+pub(crate) const LAG: Def = gauge_def(
+    "triage_lag",
+    Some(Unit::Count),
+    "Messages waiting in the brokers for the attached sources (-1 when a source cannot tell).",
 );
 pub(crate) const IN_FLIGHT: Def = gauge_def(
     "triage_in_flight",
@@ -233,7 +256,7 @@ pub(crate) const REJECT_COST: Def = seconds_histogram(
 );
 
 /// Every metric the runtime records.
-pub(crate) const ALL: [&Def; 28] = [
+pub(crate) const ALL: [&Def; 32] = [
     &CONSUMED,
     &ADMITTED,
     &REFUSED,
@@ -246,6 +269,7 @@ pub(crate) const ALL: [&Def; 28] = [
     &DEAD_LETTER_REJECTED,
     &DEAD_LETTERS_HELD,
     &EXPIRED,
+    &EXPIRED_AT_INTAKE,
     &COMPLETED,
     &GOODPUT,
     &FAILED,
@@ -256,6 +280,9 @@ pub(crate) const ALL: [&Def; 28] = [
     &QUEUE_DEPTH,
     &QUEUE_AGE,
     &SHED_LEVEL,
+    &ARRIVAL_RATE,
+    &CAPACITY,
+    &LAG,
     &IN_FLIGHT,
     &CONCURRENCY_LIMIT,
     &HELD,
@@ -309,6 +336,7 @@ pub(crate) struct TierMetrics {
     pub(crate) shed: [Counter; 4],
     pub(crate) deferred: Counter,
     pub(crate) expired: Counter,
+    pub(crate) expired_at_intake: Counter,
     pub(crate) completed: Counter,
     pub(crate) goodput: Counter,
     pub(crate) failed: Counter,
@@ -331,6 +359,9 @@ pub(crate) struct Metrics {
     pub(crate) dead_letters_held: Gauge,
     pub(crate) panics: Counter,
     pub(crate) shed_level: Gauge,
+    pub(crate) arrival_rate: Gauge,
+    pub(crate) capacity: Gauge,
+    pub(crate) lag: Gauge,
     pub(crate) in_flight: Gauge,
     pub(crate) limit: Gauge,
     pub(crate) held: Gauge,
@@ -349,6 +380,7 @@ impl Metrics {
                 shed: REASONS.map(|r| counter!(SHED.name, "tier" => t, "reason" => r)),
                 deferred: counter!(DEFERRED.name, "tier" => t),
                 expired: counter!(EXPIRED.name, "tier" => t),
+                expired_at_intake: counter!(EXPIRED_AT_INTAKE.name, "tier" => t),
                 completed: counter!(COMPLETED.name, "tier" => t),
                 goodput: counter!(GOODPUT.name, "tier" => t),
                 failed: counter!(FAILED.name, "tier" => t),
@@ -371,6 +403,9 @@ impl Metrics {
             dead_letters_held: gauge!(DEAD_LETTERS_HELD.name),
             panics: counter!(PANICS.name),
             shed_level: gauge!(SHED_LEVEL.name),
+            arrival_rate: gauge!(ARRIVAL_RATE.name),
+            capacity: gauge!(CAPACITY.name),
+            lag: gauge!(LAG.name),
             in_flight: gauge!(IN_FLIGHT.name),
             limit: gauge!(CONCURRENCY_LIMIT.name),
             held: gauge!(HELD.name),

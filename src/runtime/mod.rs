@@ -185,6 +185,8 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             ),
         };
         let limit = ConcurrencyLimit::new(limiter, config.shares);
+        // Queue age admits pushed work only (`try_submit`); pulled work is admitted by the
+        // pull-based level in `Inner::offer` and queued past the queue-age check.
         let queue = WfqQueue::with_clock(config.queue.clone(), self.clock.clone())?;
         let accounts = Arc::new(Accounts {
             ledger: crate::ledger::Ledger::new(),
@@ -216,6 +218,14 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             dead_lettering,
             dead_letters_held: AtomicI64::new(0),
             dead_letter_logged_at: AtomicU64::new(u64::MAX),
+            shed_level: Default::default(),
+            pulled: Default::default(),
+            served: AtomicU64::new(0),
+            busy_ns: AtomicU64::new(0),
+            lags: parking_lot::Mutex::new(Vec::new()),
+            room: tokio::sync::Notify::new(),
+            room_waiters: Default::default(),
+            last_work_ns: Default::default(),
         });
         let mut worker_set = tokio::task::JoinSet::new();
         for _ in 0..workers {
@@ -289,6 +299,12 @@ impl<T: Send + Sync + 'static> Runtime<T> {
     /// # Panics
     ///
     /// As [`attach`](Runtime::attach).
+    /// Starts pulling deferred work back from `source`, only while nothing is shed and the
+    /// workers have room. Its messages keep the tier they were deferred with (the connectors'
+    /// drains read it from `triage-criticality`) and the count of their deferrals
+    /// (`triage-deferrals`); refused again, they are deferred again by their tier's policy until
+    /// [`max_deferrals`](RuntimeConfig::max_deferrals), then held (backpressure) until served or
+    /// expired. Their pulls do not count as arrivals for pull-based admission.
     pub fn attach_drain<S: Source<Payload = T>>(&mut self, source: S) {
         if let Err(e) = self.check_source(&source) {
             panic!("cannot attach the drain: {e}");
@@ -298,10 +314,15 @@ impl<T: Send + Sync + 'static> Runtime<T> {
 
     fn attach_mode<S: Source<Payload = T>>(&mut self, source: S, mode: intake::Mode) {
         self.inner.pulling.fetch_add(1, Ordering::AcqRel);
+        let lag = Arc::new(AtomicU64::new(u64::MAX));
+        if mode == intake::Mode::Normal {
+            self.inner.lags.lock().push(Arc::clone(&lag));
+        }
         let task = intake::run(
             Arc::clone(&self.inner),
             source,
             mode,
+            lag,
             self.drained.clone(),
             Arc::clone(&self.final_ack),
         );
@@ -336,7 +357,8 @@ impl<T: Send + Sync + 'static> Runtime<T> {
             inner.accounts.metrics.tiers[tier].refused[0].increment(1);
             return Err(SubmitError::Overloaded(envelope));
         }
-        let item = item::Item::consumed(envelope, false, &inner.accounts);
+        let mut item = item::Item::consumed(envelope, &inner.accounts);
+        item.pushed = true;
         match inner.offer(item) {
             engine::Offer::Taken => Ok(()),
             // Ours is queued; the message it evicted is not the caller's to take back.
@@ -361,7 +383,7 @@ impl<T: Send + Sync + 'static> Runtime<T> {
 
     /// The load level handlers see (for brownout).
     pub fn load(&self) -> LoadLevel {
-        LoadLevel(self.inner.queue.shed_level())
+        LoadLevel(self.inner.load_level())
     }
 
     /// Waits until every attached source has finished (returned `None`) and every message

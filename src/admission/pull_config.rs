@@ -1,0 +1,124 @@
+//! Configuration of pull-based admission.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ConfigError;
+
+/// Pull-based admission: what a consumer sheds, and when, from the arrival rate it infers from
+/// the broker's lag against the capacity it measures. See [`PullAdmission`](super::PullAdmission).
+///
+/// # Examples
+///
+/// ```
+/// use triage::admission::PullAdmissionConfig;
+///
+/// let config: PullAdmissionConfig = toml::from_str("window_ms = 2000\noverload_ratio = 1.1\n")?;
+/// config.validate()?;
+/// assert_eq!(config.headroom, 0.95);
+///
+/// let bad: PullAdmissionConfig = toml::from_str("headroom = 1.5")?;
+/// assert_eq!(bad.validate().unwrap_err().field(), "headroom");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PullAdmissionConfig {
+    /// Whether pulled messages are ever refused for overload. When `false`, a pull-based source
+    /// is bounded only by the queue's capacity and `max_held` (backpressure), and nothing is
+    /// deferred but what eviction moves out of the way. Default `true`.
+    pub enabled: bool,
+    /// How often the arrival rate, capacity and shed level are re-estimated, in milliseconds.
+    /// Allowed `10..=10_000`. Default `100`.
+    pub tick_ms: u64,
+    /// The sliding window over which the arrival and completion rates are measured, in
+    /// milliseconds: longer is steadier, shorter reacts sooner. At least two ticks, and at
+    /// least the interval at which the sources refresh their lag (Kafka's statistics
+    /// interval). Allowed `tick_ms × 2..=600_000`. Default `1000`.
+    pub window_ms: u64,
+    /// Overload is declared when the arrival rate exceeds `overload_ratio ×` the measured
+    /// capacity. Above 1 so that a worker offered exactly its capacity (1x) sheds nothing.
+    /// Allowed `1.0..=10.0`. Default `1.05`.
+    pub overload_ratio: f64,
+    /// While overloaded, the highest tiers are admitted whose combined arrival rate fits
+    /// within `headroom ×` capacity; the rest, from Sheddable up, are refused (Critical never is).
+    /// Allowed `0.5..=1.0`. Default `0.95`.
+    pub headroom: f64,
+    /// Shed tiers are re-admitted (bottom-up: the most important first) once the arrival rate
+    /// has fitted `overload_ratio ×` capacity with them admitted for this long, in
+    /// milliseconds. Allowed `0..=600_000`. Default `500`.
+    pub recover_ms: u64,
+    /// While not overloaded, the intake pulls only while fewer than `prefetch_per_slot ×` the
+    /// concurrency limit messages are queued: enough that no worker idles, few enough that a
+    /// backlog stays in the broker (the buffer) and is served in order. While overloaded the
+    /// intake pulls ahead to reach more important work behind the refused tiers. Allowed
+    /// `1..=1000`. Default `2`.
+    pub prefetch_per_slot: usize,
+}
+
+impl Default for PullAdmissionConfig {
+    fn default() -> Self {
+        PullAdmissionConfig {
+            enabled: true,
+            tick_ms: 100,
+            window_ms: 1000,
+            overload_ratio: 1.05,
+            headroom: 0.95,
+            recover_ms: 500,
+            prefetch_per_slot: 2,
+        }
+    }
+}
+
+impl PullAdmissionConfig {
+    /// Pull-based admission switched off.
+    pub fn disabled() -> Self {
+        PullAdmissionConfig {
+            enabled: false,
+            ..PullAdmissionConfig::default()
+        }
+    }
+
+    /// Checks every field against its allowed range.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the first field out of range (paths relative to this table).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(10..=10_000).contains(&self.tick_ms) {
+            return Err(ConfigError::new("tick_ms", self.tick_ms, "10..=10000"));
+        }
+        let min_window = self.tick_ms * 2;
+        if !(min_window..=600_000).contains(&self.window_ms) {
+            return Err(ConfigError::new(
+                "window_ms",
+                self.window_ms,
+                format!("{min_window}..=600000 (at least two ticks)"),
+            ));
+        }
+        if !(1.0..=10.0).contains(&self.overload_ratio) {
+            return Err(ConfigError::new(
+                "overload_ratio",
+                self.overload_ratio,
+                "1.0..=10.0",
+            ));
+        }
+        if !(0.5..=1.0).contains(&self.headroom) {
+            return Err(ConfigError::new("headroom", self.headroom, "0.5..=1.0"));
+        }
+        if self.recover_ms > 600_000 {
+            return Err(ConfigError::new(
+                "recover_ms",
+                self.recover_ms,
+                "0..=600000",
+            ));
+        }
+        if !(1..=1000).contains(&self.prefetch_per_slot) {
+            return Err(ConfigError::new(
+                "prefetch_per_slot",
+                self.prefetch_per_slot,
+                "1..=1000",
+            ));
+        }
+        Ok(())
+    }
+}
