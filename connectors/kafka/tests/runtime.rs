@@ -244,7 +244,6 @@ async fn a_drained_copy_keeps_its_tier() {
 /// the defer topic. (Before pull-based admission, queue-age admission deferred most of such a
 /// backlog: 24,533 of 30,000 in issue 9's run.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs pull-based admission (issue 9)"]
 async fn a_backlog_is_served_in_order_not_deferred() {
     use rdkafka::producer::FutureRecord;
 

@@ -64,8 +64,10 @@ pub struct KafkaSourceConfig {
     pub close_timeout_ms: u64,
     /// Period of the lag measurement (`Source::lag`: the high watermark minus the position,
     /// summed over the assigned partitions, queried from the broker on a thread of its own),
-    /// in milliseconds. Default 1000; allowed `10..=3_600_000`. Each measurement costs one
-    /// `ListOffsets` request per assigned partition.
+    /// in milliseconds. Default 250; allowed `10..=3_600_000`. Each measurement costs one
+    /// `ListOffsets` request per assigned partition. Keep it well below the runtime's
+    /// `admission.window_ms` (1000): pull-based admission infers the arrival rate from the
+    /// lag's trend over that window.
     pub lag_interval_ms: u64,
     /// Messages consumed ahead of the runtime: the hand-off buffer's capacity. Default 1000;
     /// allowed `1..=1_000_000`. librdkafka's own prefetch is bounded in bytes by
@@ -104,7 +106,7 @@ impl Default for KafkaSourceConfig {
             commit_interval_ms: 1000,
             commit_timeout_ms: 5000,
             close_timeout_ms: 5000,
-            lag_interval_ms: 1000,
+            lag_interval_ms: 250,
             max_prefetch_messages: 1000,
             queued_max_messages_kbytes: 16384,
             max_payload_bytes: 32 * 1024 * 1024,

@@ -74,9 +74,10 @@ impl LagProbe {
         while !self.control.stop.load(Ordering::Acquire) {
             let consumer = Arc::clone(&self.slot.lock());
             // A failed measurement (broker away) keeps the last value: stale rather than wrong.
-            if let Some(n) = self.measure(&consumer) {
-                self.lag.broker.store(n.min(UNKNOWN - 1), Ordering::Relaxed);
-            }
+            let n = self
+                .measure(&consumer)
+                .map_or(UNKNOWN, |n| n.min(UNKNOWN - 1));
+            self.lag.broker.store(n, Ordering::Relaxed);
             drop(consumer);
             let next = Instant::now() + self.interval;
             while Instant::now() < next {
@@ -90,6 +91,11 @@ impl LagProbe {
 
     fn measure(&self, consumer: &BaseConsumer<SourceContext>) -> Option<u64> {
         let positions = consumer.position().ok()?;
+        // No assignment yet (or during a rebalance): unknown, not zero. A zero followed by the
+        // real figure would read as a burst of arrivals.
+        if positions.count() == 0 {
+            return None;
+        }
         let mut unknown = TopicPartitionList::new();
         let mut total: u64 = 0;
         let mut pending = Vec::new();
