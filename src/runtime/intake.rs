@@ -234,8 +234,9 @@ pub(crate) async fn run<S: Source>(
             }
             continue;
         }
-        // While holding, pull only until the next poll, then come back to the held ones.
-        let wait = if held.items.is_empty() {
+        // While holding, pull only until the next poll, then come back to the held ones; while
+        // tiers are paused, likewise, so they are resumed even if nothing else arrives.
+        let wait = if held.items.is_empty() && paused_tiers.is_empty() {
             None
         } else {
             Some(poll)

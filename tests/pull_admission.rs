@@ -1,0 +1,317 @@
+//! Issue 9, "a backlog is not an overload", on the in-memory broker: a backlog is served in
+//! order by every worker and never deferred; what is past its deadline is expired at intake
+//! without a handler call; a copy is deferred at most `max_deferrals` times; shares are
+//! work-conserving; a source is told which tiers are shed. Assertions on counts and order,
+//! never on times. (The same backlog on the real brokers: the connectors' `runtime` tests.)
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use triage::queue::TierMask;
+use triage::runtime::{
+    Ack, Envelope, HandlerError, Job, MemoryBroker, MemorySink, MemorySource, RefusalPolicy,
+    Runtime, RuntimeConfig, Source, SubmitError,
+};
+use triage::{Criticality, PerTier};
+
+/// Counts handlers running at once and, for each start, how many were running with it.
+#[derive(Default)]
+struct Concurrency {
+    running: AtomicUsize,
+    max: AtomicUsize,
+    starts: Mutex<Vec<(u32, usize)>>,
+}
+
+impl Concurrency {
+    fn handler(
+        self: &Arc<Self>,
+        service: Duration,
+    ) -> impl Fn(Job<u32>) -> futures_util::future::BoxFuture<'static, Result<(), HandlerError>>
+           + Send
+           + Sync
+           + 'static {
+        let this = Arc::clone(self);
+        move |job: Job<u32>| {
+            let this = Arc::clone(&this);
+            let id = *job.payload();
+            Box::pin(async move {
+                let now = this.running.fetch_add(1, Ordering::SeqCst) + 1;
+                this.max.fetch_max(now, Ordering::SeqCst);
+                this.starts.lock().push((id, now));
+                tokio::time::sleep(service).await;
+                this.running.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            })
+        }
+    }
+}
+
+/// 20,000 Medium messages already waiting, no new arrivals, deadlines far away, a defer sink
+/// ready: all completed, none deferred or expired, served in order (each message starts after
+/// at most `workers` later ones), and the workers kept busy while the backlog lasts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_is_served_in_order_by_every_worker_and_never_deferred() {
+    const BACKLOG: u32 = 20_000;
+    const WORKERS: usize = 8;
+    let broker = MemoryBroker::new();
+    let far = triage::quanta::Clock::new().now() + Duration::from_secs(3600);
+    for i in 0..BACKLOG {
+        broker.publish(i, Criticality::Medium, Some(far));
+    }
+    broker.close();
+    let sink = Arc::new(MemorySink::new());
+    let seen = Arc::new(Concurrency::default());
+    let mut rt = Runtime::builder(RuntimeConfig::default())
+        .defer_sink(Arc::clone(&sink))
+        .start(seen.handler(Duration::from_millis(1)))
+        .unwrap();
+    rt.attach(broker.source());
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    let total = report.stats.ledger.total();
+    assert_eq!(
+        (total.completed, total.deferred, total.expired, total.shed),
+        (u64::from(BACKLOG), 0, 0, 0),
+        "{report}"
+    );
+    assert_eq!(sink.len(), 0, "nothing re-published");
+    assert_eq!(broker.acks().completed, u64::from(BACKLOG));
+
+    let starts = seen.starts.lock();
+    assert_eq!(seen.max.load(Ordering::SeqCst), WORKERS);
+    // In order: a message starts after at most WORKERS messages behind it in the log.
+    let mut displaced = 0;
+    let mut highest = 0;
+    for &(id, _) in starts.iter() {
+        if id + (WORKERS as u32) < highest {
+            displaced += 1;
+        }
+        highest = highest.max(id);
+    }
+    assert_eq!(displaced, 0, "messages overtaken by more than {WORKERS}");
+    // Busy: while the backlog lasts, a handler starts with the other workers busy. (Before
+    // work-conserving shares and paced intake, Medium had at most 6 of 8 workers.)
+    let steady = &starts[WORKERS..starts.len() - WORKERS];
+    let full = steady.iter().filter(|(_, n)| *n >= WORKERS - 1).count();
+    assert!(
+        full * 10 >= steady.len() * 9,
+        "only {full} of {} starts found the other workers busy",
+        steady.len()
+    );
+}
+
+/// A backlog older than its usefulness window costs no handler call: expired at intake, from
+/// the envelope alone, never queued.
+#[tokio::test(flavor = "current_thread")]
+async fn a_backlog_past_its_deadline_is_expired_at_intake() {
+    let (clock, mock) = triage::quanta::Clock::mock();
+    mock.increment(Duration::from_secs(100));
+    let broker = MemoryBroker::new();
+    let past = clock.now() - Duration::from_secs(1);
+    let live = clock.now() + Duration::from_secs(3600);
+    for i in 0..1_000u32 {
+        broker.publish(i, Criticality::ALL[(i % 4) as usize], Some(past));
+    }
+    broker.publish(1_000, Criticality::Medium, Some(live));
+    broker.close();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let c2 = Arc::clone(&calls);
+    let mut rt = Runtime::builder(RuntimeConfig::default())
+        .clock(clock)
+        .start(move |job: Job<u32>| {
+            c2.lock().push(*job.payload());
+            async { Ok::<(), HandlerError>(()) }
+        })
+        .unwrap();
+    rt.attach(broker.source());
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    assert_eq!(
+        *calls.lock(),
+        [1_000],
+        "only the live message reached the handler"
+    );
+    let total = report.stats.ledger.total();
+    assert_eq!((total.expired, total.completed), (1_000, 1), "{report}");
+    // Never queued: the only admission is the live one.
+    let admitted: u64 = report.stats.admitted.iter().map(|(_, n)| *n).sum();
+    assert_eq!(admitted, 1);
+    assert_eq!(broker.acks().expired, 1_000);
+}
+
+/// A copy keeps its tier and counts its deferrals; once deferred `max_deferrals` times it is
+/// not deferred again (held instead: handed back to an in-process caller as `Full`).
+#[tokio::test(flavor = "current_thread")]
+async fn a_copy_is_deferred_at_most_max_deferrals_times() {
+    let mut config = RuntimeConfig {
+        workers: 1.try_into().unwrap(),
+        max_deferrals: 3,
+        ..RuntimeConfig::default()
+    };
+    config.queue.capacity = 1.try_into().unwrap();
+    config.queue.admission.enabled = false;
+    config.policy = PerTier::new(
+        RefusalPolicy::Backpressure,
+        RefusalPolicy::Backpressure,
+        RefusalPolicy::Defer,
+        RefusalPolicy::Defer,
+    );
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g2 = Arc::clone(&gate);
+    let sink = Arc::new(MemorySink::new());
+    let rt = Runtime::builder(config)
+        .defer_sink(Arc::clone(&sink))
+        .start(move |_job: Job<u32>| {
+            let g = Arc::clone(&g2);
+            async move {
+                g.acquire().await.unwrap().forget();
+                Ok::<(), HandlerError>(())
+            }
+        })
+        .unwrap();
+    let env =
+        |id: u32, tier, deferrals| Envelope::new(id, tier, Ack::noop()).with_deferrals(deferrals);
+    // One in the handler, one queued: the queue is full.
+    rt.try_submit(env(0, Criticality::Critical, 0)).unwrap();
+    while rt.stats().running == 0 {
+        tokio::task::yield_now().await;
+    }
+    rt.try_submit(env(1, Criticality::Critical, 0)).unwrap();
+    // Deferred twice before: deferred again, as Medium, carrying 3.
+    rt.try_submit(env(2, Criticality::Medium, 2)).unwrap();
+    while sink.len() < 1 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (id, info) = sink.items()[0].clone();
+    assert_eq!(
+        (id, info.criticality, info.deferrals),
+        (2, Criticality::Medium, 3)
+    );
+    // Deferred three times already: not again.
+    match rt.try_submit(env(3, Criticality::Medium, 3)) {
+        Err(SubmitError::Full(e)) => assert_eq!((e.payload, e.deferrals), (3, 3)),
+        other => panic!("expected the copy back, got {other:?}"),
+    }
+    assert_eq!(sink.len(), 1);
+    gate.add_permits(10);
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+}
+
+/// Work-conserving shares: with only Sheddable work, every worker serves it (Sheddable's share
+/// of 0.5 would leave 4 of 8 idle); with strict shares, 4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_workers_serve_lower_tiers_unless_shares_are_strict() {
+    for (work_conserving, expected) in [(true, 8), (false, 4)] {
+        let broker = MemoryBroker::new();
+        for i in 0..200u32 {
+            broker.publish(i, Criticality::Sheddable, None);
+        }
+        broker.close();
+        let seen = Arc::new(Concurrency::default());
+        let config = RuntimeConfig {
+            work_conserving,
+            ..RuntimeConfig::default()
+        };
+        let mut rt = Runtime::builder(config)
+            .start(seen.handler(Duration::from_millis(10)))
+            .unwrap();
+        rt.attach(broker.source());
+        rt.wait_idle().await;
+        let report = rt.shutdown(Duration::from_secs(5)).await;
+        assert!(report.stats.balances(), "{report}");
+        assert_eq!(report.stats.ledger.total().completed, 200);
+        assert_eq!(
+            seen.max.load(Ordering::SeqCst),
+            expected,
+            "work_conserving = {work_conserving}"
+        );
+    }
+}
+
+/// A source that records what the runtime tells it to pause.
+struct Recording {
+    inner: MemorySource<u32>,
+    paused: Arc<Mutex<Vec<TierMask>>>,
+}
+
+impl Source for Recording {
+    type Payload = u32;
+
+    async fn next(&mut self) -> Option<Envelope<u32>> {
+        self.inner.next().await
+    }
+
+    fn lag(&self) -> Option<u64> {
+        self.inner.lag()
+    }
+
+    fn pause_tiers(&mut self, tiers: TierMask) {
+        self.paused.lock().push(tiers);
+    }
+}
+
+/// Arrival at about 5x capacity: the runtime sheds from the bottom and tells the source which
+/// tiers (a topic-per-tier source pauses them), never Critical, and un-pauses them once the
+/// arrivals stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_is_told_which_tiers_are_shed() {
+    let broker = MemoryBroker::new();
+    let paused = Arc::new(Mutex::new(Vec::new()));
+    let config = RuntimeConfig {
+        workers: 2.try_into().unwrap(),
+        ..RuntimeConfig::default()
+    };
+    let seen = Arc::new(Concurrency::default());
+    let mut rt = Runtime::builder(config)
+        .start(seen.handler(Duration::from_millis(10)))
+        .unwrap();
+    rt.attach(Recording {
+        inner: broker.source(),
+        paused: Arc::clone(&paused),
+    });
+    // Capacity about 200/s; offered about 1,000/s for two seconds, mix 10/20/30/40.
+    let ladder = [
+        Criticality::Critical,
+        Criticality::High,
+        Criticality::High,
+        Criticality::Medium,
+        Criticality::Medium,
+        Criticality::Medium,
+        Criticality::Sheddable,
+        Criticality::Sheddable,
+        Criticality::Sheddable,
+        Criticality::Sheddable,
+    ];
+    for i in 0..2_000u32 {
+        broker.publish(i, ladder[(i % 10) as usize], None);
+        if i % 10 == 9 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    // Then nothing arrives: the source must still hear that nothing is shed any more.
+    let resumed = tokio::time::timeout(Duration::from_secs(60), async {
+        while paused.lock().last() != Some(&TierMask::NONE) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    broker.close();
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    let calls = paused.lock().clone();
+    assert!(
+        calls.iter().any(|m| m.contains(Criticality::Sheddable)),
+        "Sheddable never shed: {calls:?}"
+    );
+    assert!(
+        calls.iter().all(|m| !m.contains(Criticality::Critical)),
+        "Critical shed: {calls:?}"
+    );
+    assert!(resumed.is_ok(), "never resumed: {calls:?}");
+}
