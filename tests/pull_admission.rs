@@ -183,7 +183,7 @@ async fn a_copy_is_deferred_at_most_max_deferrals_times() {
     rt.try_submit(env(1, Criticality::Critical, 0)).unwrap();
     // Deferred twice before: deferred again, as Medium, carrying 3.
     rt.try_submit(env(2, Criticality::Medium, 2)).unwrap();
-    while sink.len() < 1 {
+    while sink.is_empty() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let (id, info) = sink.items()[0].clone();
