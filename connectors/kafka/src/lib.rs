@@ -49,7 +49,7 @@ pub mod source;
 
 pub use error::Error;
 pub use message::KafkaMessage;
-pub use sink::{KafkaDeferSink, KafkaSinkConfig};
+pub use sink::{KafkaDeferSink, KafkaSinkConfig, REFERENCE_PAYLOAD_BYTES};
 pub use source::{KafkaSource, KafkaSourceBuilder, KafkaSourceConfig};
 
 /// Re-exported: the Kafka client this connector is built on, for admin and test code.

@@ -14,7 +14,7 @@
 //! | `triage_kafka_stale_acks_total` | counter | | dispositions for a partition no longer owned (ignored, never stored) |
 //! | `triage_kafka_pauses_total` | counter | `cause` (`runtime`, `buffer`) | times the assignment was paused |
 //! | `triage_kafka_client_restarts_total` | counter | `reason` (`fatal`) | consumer clients replaced after a fatal error |
-//! | `triage_kafka_published_total` | counter | `destination` (`defer`, `dead_letter`), `result` (`ok`, `rejected`, `not_confirmed`, `unavailable`) | sink publishes by outcome |
+//! | `triage_kafka_published_total` | counter | `destination` (`defer`, `dead_letter`, `dead_letter_reference`), `result` (`ok`, `rejected`, `not_confirmed`, `unavailable`) | sink publishes by outcome |
 
 use metrics::{counter, gauge, Unit};
 

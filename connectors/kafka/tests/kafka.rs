@@ -323,6 +323,49 @@ async fn oversized_defer_is_rejected() {
     );
 }
 
+/// Issue 10 point 1: a dead-letter topic that does not exist is a permanent rejection, so the
+/// runtime gives up on the full copy (and the reference copy) instead of retrying for ever.
+/// On the code before the fix the producer's `Local: Unknown topic` was `Unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_dead_letter_topic_is_a_permanent_rejection() {
+    use triage::runtime::DeadLetterSink;
+
+    let _broker = broker_shared().await;
+    let missing = rand_name("missing-dead");
+    let mut config = KafkaSinkConfig::new(BROKERS, &missing);
+    // The test broker auto-creates topics (`auto.create.topics.enable=true` in
+    // tests/brokers/kafka.sh) when a producer asks, as librdkafka's producer does by default;
+    // production brokers usually do not, so the client stops asking.
+    config
+        .properties
+        .insert("allow.auto.create.topics".into(), "false".into());
+    // librdkafka gives a missing topic this long to appear before failing its records (30 s
+    // by default): shorter than `message.timeout_ms`, so the record fails as an unknown topic
+    // rather than timing out.
+    config
+        .properties
+        .insert("topic.metadata.propagation.max.ms".into(), "500".into());
+    let sink = KafkaDeferSink::new(config).unwrap();
+    let msg = triage_kafka::KafkaMessage {
+        topic: "orders".into(),
+        partition: 0,
+        offset: 7,
+        key: Some(b"k".to_vec()),
+        payload: Some(b"v".to_vec()),
+        headers: vec![],
+        timestamp_ms: None,
+    };
+    let mut info = republish("failed");
+    info.error = Some("handler failed".into());
+    let err = DeadLetterSink::publish(&sink, &msg, &info)
+        .await
+        .unwrap_err();
+    assert!(err.is_permanent(), "{err}");
+    info.reason = "dead_letter_rejected";
+    let err = sink.publish_reference(&msg, &info).await.unwrap_err();
+    assert!(err.is_permanent(), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defer_with_broker_down_holds_the_position() {
     let _broker = broker_exclusive().await;

@@ -83,6 +83,90 @@ async fn panicking_handlers_are_dead_lettered_and_the_position_moves_past_them()
     reader.shutdown().await;
 }
 
+/// Issue 10 point 1: a dead letter larger than the dead-letter sink's `max_message_bytes` ends
+/// as a reference copy (key, first KiB of the payload, original headers, origin coordinates,
+/// reason and error), the position moves past it, and the only worker serves the next record
+/// meanwhile. On the code before the fix the sink refused reference copies, so the record was
+/// held unacknowledged and the commit never passed offset 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_dead_letter_becomes_a_reference_copy() {
+    use std::num::NonZeroUsize;
+
+    let _broker = broker_shared().await;
+    let (topic, dlq, group) = (rand_name("ref"), rand_name("ref-dead"), rand_name("g"));
+    create_topic(&topic, 1, &[]).await;
+    create_topic(&dlq, 1, &[]).await;
+    let trace = vec![("trace-id".to_owned(), Some(b"t-0".to_vec()))];
+    produce(
+        &topic,
+        vec![
+            (Some(b"k-0".to_vec()), vec![7u8; 200 * 1024], trace),
+            (None, b"next".to_vec(), vec![]),
+        ],
+    )
+    .await;
+
+    let mut sink_config = KafkaSinkConfig::new(BROKERS, &dlq);
+    sink_config.max_message_bytes = 64 * 1024;
+    let dead_letters = Arc::new(KafkaDeferSink::new(sink_config).unwrap());
+    let config = RuntimeConfig {
+        workers: NonZeroUsize::MIN,
+        ..RuntimeConfig::default()
+    };
+    let (served, mut served_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut runtime = Runtime::builder(config)
+        .dead_letter_sink(dead_letters)
+        .start(move |job: Job<KafkaMessage>| {
+            let offset = job.payload().offset;
+            let served = served.clone();
+            async move {
+                if offset == 0 {
+                    return Err(HandlerError::permanent("bad record"));
+                }
+                let _ = served.send(offset);
+                Ok(())
+            }
+        })
+        .unwrap();
+    let mut source_config = KafkaSourceConfig::new(BROKERS, &group, [&topic]);
+    source_config.commit_interval_ms = 50;
+    runtime.attach(KafkaSource::builder(source_config).build().unwrap());
+
+    let served_next = tokio::time::timeout(HANG_GUARD, served_rx.recv()).await;
+    assert_eq!(
+        served_next.unwrap(),
+        Some(1),
+        "the worker served the next record"
+    );
+    assert_eq!(committed_at_least(&group, &topic, 2).await, 2);
+    let report = runtime.shutdown(Duration::from_secs(20)).await;
+    assert_eq!(report.stats.ledger.total().failed, 1);
+    assert_eq!(report.stats.ledger.total().completed, 1);
+
+    let mut reader =
+        triage_kafka::drain::builder(KafkaSourceConfig::new(BROKERS, rand_name("g"), [&dlq]))
+            .build()
+            .unwrap();
+    let letter = next(&mut reader).await.payload;
+    let h = |n| String::from_utf8(letter.header(n).unwrap().to_vec()).unwrap();
+    assert_eq!(h("triage-reason"), "dead_letter_rejected");
+    assert_eq!(h("triage-origin-topic"), topic);
+    assert_eq!(h("triage-origin-partition"), "0");
+    assert_eq!(h("triage-origin-offset"), "0");
+    assert_eq!(h("trace-id"), "t-0");
+    let error = h("triage-error");
+    assert!(
+        error.contains("exceeds max_message_bytes 65536") && error.contains("bad record"),
+        "{error}"
+    );
+    assert_eq!(letter.key.as_deref(), Some(&b"k-0"[..]));
+    assert_eq!(
+        letter.payload.as_deref(),
+        Some(&[7u8; triage_kafka::REFERENCE_PAYLOAD_BYTES][..])
+    );
+    reader.shutdown().await;
+}
+
 /// Issue 10 point 9: a record deferred after two retries keeps its retry budget and its
 /// demotion when its copy is drained. The copy is written by the defer sink exactly as the
 /// runtime writes it (`triage-attempt: 2`, `triage-deferrals: 1`); drained with

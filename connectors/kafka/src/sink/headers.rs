@@ -22,6 +22,17 @@ pub(crate) fn republish_headers(
         .filter(|(name, _)| !wire::is_triage_header(name))
         .cloned()
         .collect();
+    out.extend(triage_headers(msg, info));
+    out
+}
+
+/// Triage's headers alone, without the original ones: what a reference copy keeps when the
+/// original headers are what made the record too large.
+pub(crate) fn triage_headers(
+    msg: &KafkaMessage,
+    info: &Republish,
+) -> Vec<(String, Option<Vec<u8>>)> {
+    let mut out = Vec::with_capacity(9);
     let mut add = |name: &str, value: String| out.push((name.to_owned(), Some(value.into_bytes())));
     add(wire::CRITICALITY, info.criticality.as_str().to_owned());
     add(wire::ATTEMPT, info.attempt.to_string());

@@ -2,9 +2,12 @@
 //!
 //! A deferral is only safe if the copy is durable before the original's offset is settled,
 //! so the producer runs with `acks=all` and idempotence, and `publish` resolves `Ok` only
-//! from a successful delivery report. Anything else (timeout, broker down, refused) is an
-//! error; the runtime then leaves the original unacknowledged and falls back to
-//! backpressure.
+//! from a successful delivery report. Anything else is an error, sorted the way the runtime
+//! expects ([`SinkError::is_permanent`]): a record refused for good (too large, invalid, a
+//! missing topic or partition, not authorized) is [`SinkError::Rejected`], a transport
+//! problem (timeout, broker down, full queue) is transient. As a dead-letter sink it also
+//! publishes reference copies ([`KafkaDeferSink::send_reference`]) in place of dead letters
+//! refused for good.
 
 mod config;
 mod headers;
@@ -25,6 +28,10 @@ pub use config::KafkaSinkConfig;
 
 /// Room left for the record's framing and triage's headers when checking the size up front.
 const OVERHEAD_BYTES: usize = 1024;
+
+/// How much of the payload a reference copy keeps, in bytes: enough to recognise the record
+/// by eye, small next to any `max_message_bytes` (at least 1000) once the headers are counted.
+pub const REFERENCE_PAYLOAD_BYTES: usize = 1024;
 
 /// A producer to one topic, usable as the runtime's [`DeferSink`] or [`DeadLetterSink`]
 /// (build one instance per topic).
@@ -102,9 +109,12 @@ impl KafkaDeferSink {
     ///
     /// # Errors
     ///
-    /// [`SinkError::Rejected`] if the record exceeds `max_message_bytes` (or the broker's
-    /// limit), [`SinkError::NotConfirmed`] if the delivery failed or timed out,
-    /// [`SinkError::Unavailable`] if the producer could not enqueue it.
+    /// [`SinkError::Rejected`] if the record can never be published there: it exceeds
+    /// `max_message_bytes` (or the broker's or topic's limit), is invalid, the topic or
+    /// partition does not exist, or the client is not authorized (see `classify_error` in
+    /// this module for the exact codes). [`SinkError::Unavailable`] if the brokers are down or
+    /// the local queue stays full, [`SinkError::NotConfirmed`] if the delivery otherwise failed
+    /// or timed out.
     ///
     /// # Cancel safety
     ///
@@ -113,12 +123,50 @@ impl KafkaDeferSink {
     /// at-least-once).
     pub async fn send(&self, msg: &KafkaMessage, info: &Republish) -> Result<(), SinkError> {
         let headers = headers::republish_headers(msg, info);
-        let size = msg.key.as_ref().map_or(0, Vec::len)
-            + msg.payload.as_ref().map_or(0, Vec::len)
-            + headers
-                .iter()
-                .map(|(n, v)| n.len() + v.as_ref().map_or(0, Vec::len))
-                .sum::<usize>();
+        self.send_record(msg.key.as_deref(), msg.payload.as_deref(), &headers)
+            .await
+    }
+
+    /// Publishes a *reference copy* of `msg` in place of a dead letter refused for good and
+    /// waits for its delivery report: the key, the first [`REFERENCE_PAYLOAD_BYTES`] of the
+    /// payload, the original headers if they still fit within `max_message_bytes` (dropped
+    /// otherwise, since they may be what made the record too large), and triage's headers
+    /// from `info` (origin topic/partition/offset, `triage-reason`, and `triage-error` cut to
+    /// [`triage::wire::MAX_ERROR_BYTES`]). The original stays in its topic at its offset
+    /// until retention removes it.
+    ///
+    /// # Errors
+    ///
+    /// As [`send`](Self::send): [`SinkError::Rejected`] when even the reference copy can never
+    /// be published (a missing topic, a key larger than `max_message_bytes`).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`send`](Self::send).
+    pub async fn send_reference(
+        &self,
+        msg: &KafkaMessage,
+        info: &Republish,
+    ) -> Result<(), SinkError> {
+        let key = msg.key.as_deref();
+        let payload = msg
+            .payload
+            .as_deref()
+            .map(|p| &p[..p.len().min(REFERENCE_PAYLOAD_BYTES)]);
+        let mut headers = headers::republish_headers(msg, info);
+        if record_size(key, payload, &headers) + OVERHEAD_BYTES > self.max_message_bytes {
+            headers = headers::triage_headers(msg, info);
+        }
+        self.send_record(key, payload, &headers).await
+    }
+
+    async fn send_record(
+        &self,
+        key: Option<&[u8]>,
+        payload: Option<&[u8]>,
+        headers: &[(String, Option<Vec<u8>>)],
+    ) -> Result<(), SinkError> {
+        let size = record_size(key, payload, headers);
         if size + OVERHEAD_BYTES > self.max_message_bytes {
             return Err(SinkError::Rejected(format!(
                 "record of {size} bytes exceeds max_message_bytes {}",
@@ -126,11 +174,11 @@ impl KafkaDeferSink {
             )));
         }
         let mut record: FutureRecord<'_, [u8], [u8]> =
-            FutureRecord::to(&self.topic).headers(headers::to_owned_headers(&headers));
-        if let Some(key) = msg.key.as_deref() {
+            FutureRecord::to(&self.topic).headers(headers::to_owned_headers(headers));
+        if let Some(key) = key {
             record = record.key(key);
         }
-        if let Some(payload) = msg.payload.as_deref() {
+        if let Some(payload) = payload {
             record = record.payload(payload);
         }
         // `message.timeout.ms` bounds the delivery; the outer timeout only guards against a
@@ -162,8 +210,13 @@ impl KafkaDeferSink {
         destination: &'static str,
         msg: &KafkaMessage,
         info: &Republish,
+        reference: bool,
     ) -> Result<(), SinkError> {
-        let result = self.send(msg, info).await;
+        let result = if reference {
+            self.send_reference(msg, info).await
+        } else {
+            self.send(msg, info).await
+        };
         let label = match &result {
             Ok(()) => "ok",
             Err(SinkError::Rejected(_)) => "rejected",
@@ -175,15 +228,52 @@ impl KafkaDeferSink {
     }
 }
 
+fn record_size(
+    key: Option<&[u8]>,
+    payload: Option<&[u8]>,
+    headers: &[(String, Option<Vec<u8>>)],
+) -> usize {
+    key.map_or(0, <[u8]>::len)
+        + payload.map_or(0, <[u8]>::len)
+        + headers
+            .iter()
+            .map(|(n, v)| n.len() + v.as_ref().map_or(0, Vec::len))
+            .sum::<usize>()
+}
+
+/// Sorts a producer error into the runtime's two classes ([`SinkError::is_permanent`]).
+///
+/// Permanent ([`SinkError::Rejected`]): the record itself can never be accepted there, so
+/// publishing it again is pointless: too large for the producer or the topic, an invalid
+/// record or timestamp, a topic or partition that does not exist once librdkafka's
+/// `topic.metadata.propagation.max.ms` has passed (default 30 s; while it runs, or if
+/// `message.timeout.ms` ends first, the record times out instead, which is transient), an
+/// invalid topic name, or an authorization refusal (the same client is refused again until
+/// an operator changes the ACLs, as for a topic created later; the runtime retries held dead
+/// letters rarely for that reason). Everything else (timeouts, brokers down, a full local
+/// queue, leader changes) is a transport problem: [`SinkError::Unavailable`] when the record
+/// never left the client, [`SinkError::NotConfirmed`] otherwise.
 fn classify_error(err: KafkaError) -> SinkError {
     match err.rdkafka_error_code() {
-        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize) => {
-            SinkError::Rejected(err.to_string())
-        }
-        Some(RDKafkaErrorCode::QueueFull) => SinkError::Unavailable(err.to_string()),
-        Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic) => {
-            SinkError::Unavailable(err.to_string())
-        }
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::InvalidMessageSize
+            | RDKafkaErrorCode::MessageBatchTooLarge
+            | RDKafkaErrorCode::InvalidRecord
+            | RDKafkaErrorCode::InvalidTimestamp
+            | RDKafkaErrorCode::UnknownTopicOrPartition
+            | RDKafkaErrorCode::UnknownTopic
+            | RDKafkaErrorCode::UnknownPartition
+            | RDKafkaErrorCode::InvalidTopic
+            | RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+            | RDKafkaErrorCode::TransactionalIdAuthorizationFailed,
+        ) => SinkError::Rejected(err.to_string()),
+        Some(
+            RDKafkaErrorCode::QueueFull
+            | RDKafkaErrorCode::AllBrokersDown
+            | RDKafkaErrorCode::BrokerTransportFailure,
+        ) => SinkError::Unavailable(err.to_string()),
         _ => SinkError::NotConfirmed(err.to_string()),
     }
 }
@@ -194,7 +284,7 @@ impl DeferSink<KafkaMessage> for KafkaDeferSink {
         payload: &'a KafkaMessage,
         info: &'a Republish,
     ) -> BoxFuture<'a, Result<(), SinkError>> {
-        self.publish_to("defer", payload, info).boxed()
+        self.publish_to("defer", payload, info, false).boxed()
     }
 }
 
@@ -204,6 +294,18 @@ impl DeadLetterSink<KafkaMessage> for KafkaDeferSink {
         payload: &'a KafkaMessage,
         info: &'a Republish,
     ) -> BoxFuture<'a, Result<(), SinkError>> {
-        self.publish_to("dead_letter", payload, info).boxed()
+        self.publish_to("dead_letter", payload, info, false).boxed()
+    }
+
+    /// A reference copy ([`KafkaDeferSink::send_reference`]): key, first
+    /// [`REFERENCE_PAYLOAD_BYTES`] of the payload, origin coordinates and why the full copy
+    /// was refused.
+    fn publish_reference<'a>(
+        &'a self,
+        payload: &'a KafkaMessage,
+        info: &'a Republish,
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        self.publish_to("dead_letter_reference", payload, info, true)
+            .boxed()
     }
 }
