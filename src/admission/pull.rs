@@ -154,21 +154,29 @@ impl PullAdmission {
         if dt <= 0.0 || self.samples.len() < 2 {
             return self.level;
         }
-        let mut pulled = 0.0;
         for rank in 0..4 {
             let d = sample.pulled[rank].saturating_sub(first.pulled[rank]) as f64;
-            pulled += d;
             // A shed tier that is not pulled at all (its topic paused) keeps its last rate.
             let paused = rank < self.level as usize && d == 0.0;
             if !paused {
                 self.rates[rank] = d / dt;
             }
         }
-        let lag_trend = match (first.lag, sample.lag) {
-            (Some(a), Some(b)) => b as f64 - a as f64,
-            _ => 0.0,
+        // The arrival over each half of the window, and the lower of the two: a step in the lag
+        // that is not arrival (a source's first measurement, partitions assigned in a
+        // rebalance) lands in one half only, while sustained arrival beyond capacity shows in
+        // both.
+        let mid_at = first.at + (sample.at - first.at) / 2;
+        let mid = self
+            .samples
+            .iter()
+            .find(|s| s.at >= mid_at)
+            .copied()
+            .unwrap_or(*sample);
+        self.arrival = match (arrival(&first, &mid), arrival(&mid, sample)) {
+            (Some(a), Some(b)) => a.min(b),
+            _ => arrival(&first, sample).unwrap_or(0.0),
         };
-        self.arrival = ((pulled + lag_trend) / dt).max(0.0);
         let served = sample.served.saturating_sub(first.served) as f64;
         let busy = sample.busy.saturating_sub(first.busy).as_secs_f64();
         if served > 0.0 && busy > 0.0 {
@@ -183,7 +191,9 @@ impl PullAdmission {
         };
         let enter = self.fitting_level(capacity * self.config.headroom);
         let exit = self.fitting_level(capacity * self.config.overload_ratio);
-        if self.arrival > capacity * self.config.overload_ratio && enter > self.level {
+        // Raise only on a window at least half covered: two samples 100 ms apart say little.
+        let covered = dt * 2.0 >= window.as_secs_f64();
+        if covered && self.arrival > capacity * self.config.overload_ratio && enter > self.level {
             self.level = enter;
             self.fitting_since = None;
         } else if exit < self.level {
@@ -244,6 +254,23 @@ impl PullAdmission {
         }
         self.rates.map(|r| r / total)
     }
+}
+
+/// Messages/s that arrived between two samples: pulled plus the lag's change (pulled only
+/// when either lag is unknown); `None` for samples at the same instant.
+fn arrival(from: &PullSample, to: &PullSample) -> Option<f64> {
+    let dt = to.at.saturating_sub(from.at).as_secs_f64();
+    if dt <= 0.0 {
+        return None;
+    }
+    let pulled: u64 = (0..4)
+        .map(|r| to.pulled[r].saturating_sub(from.pulled[r]))
+        .sum();
+    let trend = match (from.lag, to.lag) {
+        (Some(a), Some(b)) => b as f64 - a as f64,
+        _ => 0.0,
+    };
+    Some(((pulled as f64 + trend) / dt).max(0.0))
 }
 
 #[cfg(test)]
@@ -342,6 +369,25 @@ mod tests {
         }
         a.observe(&s);
         assert_eq!(a.level(), 0);
+    }
+
+    #[test]
+    fn a_step_in_the_lag_is_not_arrival() {
+        // A source reports 0 before its first measurement, then the backlog it found; or a
+        // rebalance assigns partitions with lag. One step, then the lag falls: no overload.
+        let (mut a, mut s) = fresh();
+        for tick in 0..60u64 {
+            s.at += ms(100);
+            s.pulled[1] += 80;
+            s.served += 80;
+            s.busy += ms(800);
+            s.lag = Some(match tick {
+                0..=4 => 0,
+                _ => 20_000 - 80 * (tick - 4),
+            });
+            a.observe(&s);
+            assert_eq!(a.level(), 0, "tick {tick}: arrival {}", a.arrival_rate());
+        }
     }
 
     #[test]

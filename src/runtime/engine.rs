@@ -773,6 +773,13 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 limit: self.limit.limit(),
             };
             let level = pull.observe(&sample);
+            tracing::trace!(
+                level,
+                arrival = pull.arrival_rate(),
+                capacity = pull.capacity(),
+                lag = sample.lag,
+                "pull-based admission tick"
+            );
             self.shed_level.store(level, Ordering::Relaxed);
             let m = &self.accounts.metrics;
             let depths = self.queue.depths();

@@ -143,7 +143,6 @@ async fn shutdown_mid_handler_acks_the_finished_work_before_closing() {
 /// far away (15 minutes), a runtime with a defer sink. A backlog is not an overload: every
 /// message is completed, none deferred, none expired, and nothing reaches the defer queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs pull-based admission (issue 9)"]
 async fn a_backlog_is_served_in_order_not_deferred() {
     const BACKLOG: usize = 20_000;
     let (_conn, ch) = admin().await;

@@ -88,7 +88,9 @@ pub struct AmqpSourceConfig {
     pub reconnect: ReconnectConfig,
     /// How often the ready-message count of the consumed queues is measured for
     /// [`Source::lag`](triage::runtime::Source::lag) (a passive `queue.declare` per queue on a
-    /// channel of its own), in milliseconds. Default 1,000; allowed `10..=600000`.
+    /// channel of its own), in milliseconds. Default 250; allowed `10..=600000`. Keep it well
+    /// below the runtime's `admission.window_ms` (1000): pull-based admission infers the
+    /// arrival rate from the lag's trend over each half of that window.
     pub lag_refresh_ms: u64,
     /// Bound on [`shutdown`](triage::runtime::Source::shutdown): time to send the pending
     /// settlements and close the channel, in milliseconds. Default 5,000. Past it the
@@ -110,7 +112,7 @@ impl Default for AmqpSourceConfig {
             dead_letter_via_sink: false,
             connection_name: None,
             reconnect: ReconnectConfig::default(),
-            lag_refresh_ms: 1_000,
+            lag_refresh_ms: 250,
             shutdown_timeout_ms: 5_000,
         }
     }
