@@ -480,6 +480,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// Next item a worker may start: weighted-fair among the tiers whose share of the
     /// concurrency limit is not used up. `None` once the queue is closed and empty.
     async fn next_item(&self) -> Option<Dequeued<Item<T>>> {
+        let mut yielded = false;
         loop {
             match self.queue.try_pop_masked(self.worker_mask()) {
                 Ok(d) => {
@@ -488,6 +489,13 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 }
                 Err(TryPopError::Closed) => return None,
                 Err(_) => {}
+            }
+            if !yielded {
+                // Let the intake (likely on this thread) run once before registering to
+                // sleep: a yield costs less than a listener and a wake-up per message.
+                yielded = true;
+                tokio::task::yield_now().await;
+                continue;
             }
             let _waiting = self.queue.wait_registration();
             let on_push = self.queue.listen();
