@@ -323,9 +323,11 @@ async fn oversized_defer_is_rejected() {
     );
 }
 
-/// Issue 10 point 1: a dead-letter topic that does not exist is a permanent rejection, so the
-/// runtime gives up on the full copy (and the reference copy) instead of retrying for ever.
-/// On the code before the fix the producer's `Local: Unknown topic` was `Unavailable`.
+/// Issue 10 point 1: a dead-letter topic that does not exist is a permanent rejection, with the
+/// sink's own metadata wait (no librdkafka property set for it), so the runtime gives up on the
+/// full copy (and the reference copy) instead of retrying for ever. On the code before the fix
+/// the broker's `Unknown topic or partition` was `Unavailable`, and with librdkafka's default
+/// metadata wait (30 s) the record timed out first (`NotConfirmed`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_dead_letter_topic_is_a_permanent_rejection() {
     use triage::runtime::DeadLetterSink;
@@ -339,12 +341,10 @@ async fn a_missing_dead_letter_topic_is_a_permanent_rejection() {
     config
         .properties
         .insert("allow.auto.create.topics".into(), "false".into());
-    // librdkafka gives a missing topic this long to appear before failing its records (30 s
-    // by default): shorter than `message.timeout_ms`, so the record fails as an unknown topic
-    // rather than timing out.
-    config
-        .properties
-        .insert("topic.metadata.propagation.max.ms".into(), "500".into());
+    // The sink waits half the message timeout for a topic the cluster does not know, then
+    // fails the record as an unknown topic (with librdkafka's own 30 s it would time out at
+    // 10 s instead, which is transient). Shortened to keep the test short.
+    config.message_timeout_ms = 2_000;
     let sink = KafkaDeferSink::new(config).unwrap();
     let msg = triage_kafka::KafkaMessage {
         topic: "orders".into(),

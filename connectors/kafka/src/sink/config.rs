@@ -37,6 +37,13 @@ pub struct KafkaSinkConfig {
     pub topic: String,
     /// librdkafka's `message.timeout.ms`: how long a publish may take, retries included,
     /// before it fails, in milliseconds. Default 10000; allowed `1..=900_000`.
+    ///
+    /// It also sets librdkafka's `topic.metadata.propagation.max.ms` (how long a topic the
+    /// cluster does not know is waited for before its records fail as an unknown topic) to
+    /// half of it, at most 30000 (librdkafka's default), unless `properties` sets it: with
+    /// librdkafka's own default the record would time out first, and a timeout is transient,
+    /// so a missing destination topic would be retried for ever instead of being refused for
+    /// good (`SinkError::Rejected`).
     pub message_timeout_ms: u64,
     /// librdkafka's `message.max.bytes`: the largest record the producer sends (key,
     /// payload and headers); bigger ones are refused as `SinkError::Rejected`, and so are
@@ -148,6 +155,12 @@ impl KafkaSinkConfig {
                 "message.max.bytes".to_owned(),
                 self.max_message_bytes.to_string(),
             ),
+            // A missing topic must fail as one (permanent) before the record times out
+            // (transient); `properties` may still set it.
+            (
+                "topic.metadata.propagation.max.ms".to_owned(),
+                (self.message_timeout_ms / 2).min(30_000).to_string(),
+            ),
         ]);
         for (k, v) in &self.properties {
             props.insert(k.clone(), v.clone());
@@ -176,5 +189,19 @@ mod tests {
         c.message_timeout_ms = 1;
         c.properties.insert("acks".into(), "1".into());
         assert_eq!(c.validate().unwrap_err().field(), "properties.acks");
+    }
+
+    #[test]
+    fn a_missing_topic_fails_before_the_record_times_out() {
+        let mut c = KafkaSinkConfig::new("b:1", "t");
+        let propagation = |c: &KafkaSinkConfig| {
+            c.client_properties()["topic.metadata.propagation.max.ms"].clone()
+        };
+        assert_eq!(propagation(&c), "5000");
+        c.message_timeout_ms = 900_000;
+        assert_eq!(propagation(&c), "30000");
+        c.properties
+            .insert("topic.metadata.propagation.max.ms".into(), "100".into());
+        assert_eq!(propagation(&c), "100");
     }
 }

@@ -309,3 +309,32 @@ impl DeadLetterSink<KafkaMessage> for KafkaDeferSink {
             .boxed()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_for_good_are_permanent_transport_problems_are_not() {
+        let class = |code| classify_error(KafkaError::MessageProduction(code)).is_permanent();
+        for code in [
+            RDKafkaErrorCode::MessageSizeTooLarge,
+            RDKafkaErrorCode::UnknownTopicOrPartition,
+            RDKafkaErrorCode::UnknownTopic,
+            RDKafkaErrorCode::UnknownPartition,
+            RDKafkaErrorCode::InvalidRecord,
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+        ] {
+            assert!(class(code), "{code:?}");
+        }
+        for code in [
+            RDKafkaErrorCode::MessageTimedOut,
+            RDKafkaErrorCode::QueueFull,
+            RDKafkaErrorCode::AllBrokersDown,
+            RDKafkaErrorCode::NotLeaderForPartition,
+            RDKafkaErrorCode::RequestTimedOut,
+        ] {
+            assert!(!class(code), "{code:?}");
+        }
+    }
+}
