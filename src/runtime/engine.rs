@@ -149,6 +149,12 @@ impl<T: Send + Sync + 'static> Inner<T> {
         self.settle(item, Disposition::Expired);
     }
 
+    /// How many queued messages keep every worker busy until the intake pulls again:
+    /// `admission.prefetch_per_slot ×` the concurrency limit.
+    pub(crate) fn prefetch(&self) -> usize {
+        self.config.admission.prefetch_per_slot * self.limit.limit().max(1)
+    }
+
     /// A message pulled past its deadline: expired before it is queued, counted apart.
     pub(crate) fn expire_at_intake(&self, item: Item<T>) {
         self.accounts.metrics.tiers[item.original]
@@ -175,7 +181,12 @@ impl<T: Send + Sync + 'static> Inner<T> {
         } else {
             None
         };
-        if !item.pushed && !admits_at(self.shed_level.load(Ordering::Relaxed), tier) {
+        // A shed tier is refused only while the workers have enough queued to do: refusal makes
+        // room for more important work, and idle workers next to held work make none.
+        if !item.pushed
+            && !admits_at(self.shed_level.load(Ordering::Relaxed), tier)
+            && self.queue.len() >= self.prefetch()
+        {
             return self.refused(item, RefuseReason::Overloaded, started);
         }
         let first_admission = !item.admitted_before;

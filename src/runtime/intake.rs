@@ -8,7 +8,9 @@
 //! served in offset order, never deferred for being a backlog. While overloaded (arrival beyond
 //! capacity), the intake pulls as fast as admission decides, so the refused lower tiers are
 //! moved out of the way (deferred, dropped or held, per their policy) and the more important
-//! work behind them in the same partition or queue is reached in time; a source with a topic
+//! work behind them in the same partition or queue is reached in time. A refused tier is
+//! refused only while the queue holds at least that prefetch: workers never idle next to held
+//! work; a source with a topic
 //! per tier is told which tiers are shed ([`Source::pause_tiers`]) and stops pulling them.
 //!
 //! Every pulled message whose deadline has already passed is expired at once, from its headers
@@ -205,7 +207,7 @@ pub(crate) async fn run<S: Source>(
         }
         let may_pull = !full && !finished && (mode == Mode::Normal || drain_allowed(&inner));
         // Not overloaded: pull only what the workers will serve soon; the broker keeps the rest.
-        let prefetch = inner.config.admission.prefetch_per_slot * inner.limit.limit().max(1);
+        let prefetch = inner.prefetch();
         if may_pull && mode == Mode::Normal && level == 0 && inner.queue.len() >= prefetch {
             let room = inner.room.notified();
             tokio::pin!(room);
