@@ -60,12 +60,16 @@ impl Inbox {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A delivery arrived on `slot` in channel `epoch`.
-    pub(crate) fn push(&self, slot: usize, epoch: u64, delivery: Delivery) {
+    /// Deliveries arrived in channel `epoch`, each on its slot.
+    pub(crate) fn push_all(&self, epoch: u64, deliveries: impl Iterator<Item = (usize, Delivery)>) {
         let readable = {
             let mut state = self.lock();
-            state.slots[slot].push_back((epoch, delivery));
-            !state.paused[slot]
+            let mut readable = false;
+            for (slot, delivery) in deliveries {
+                state.slots[slot].push_back((epoch, delivery));
+                readable |= !state.paused[slot];
+            }
+            readable
         };
         if readable {
             self.arrived.notify_one();

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{self, StreamExt};
+use futures_util::FutureExt;
 use lapin::options::{
     BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions,
 };
@@ -33,6 +34,9 @@ use super::settle::Settler;
 use crate::connection;
 use crate::metrics::SourceMetrics;
 use crate::AmqpError;
+
+/// Most deliveries moved into the inbox at once.
+const BATCH: usize = 256;
 
 /// What the source asks of the link task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -238,23 +242,40 @@ impl Link {
                     .chain(stream::once(futures_util::future::ready(None)))
                     .boxed()
             }));
+        let stopping = stopped(stop);
+        tokio::pin!(stopping);
+        let mut batch = Vec::new();
         let ended = loop {
-            tokio::select! {
+            let mut item = tokio::select! {
                 biased;
-                how = stopped(stop) => break Ended::Stopped { graceful: how == Some(Stop::Shutdown) },
-                item = deliveries.next() => match item {
-                    Some(Some((slot, Ok(delivery)))) => {
-                        self.inbox.push(slot, self.epoch, delivery);
-                    }
+                how = &mut stopping => break Ended::Stopped { graceful: how == Some(Stop::Shutdown) },
+                item = deliveries.next() => item,
+            };
+            // Whatever lapin already holds goes into the inbox in one step: one lock and one
+            // wake-up for a burst instead of one per delivery.
+            let lost = loop {
+                match item {
+                    Some(Some((slot, Ok(delivery)))) => batch.push((slot, delivery)),
                     Some(Some((_, Err(e)))) => {
                         tracing::warn!(queue = %self.queues[0], error = %e, "amqp consumer lost its channel");
-                        break Ended::Lost;
+                        break true;
                     }
                     Some(None) | None => {
                         tracing::warn!(queue = %self.queues[0], "amqp consumer cancelled");
-                        break Ended::Lost;
+                        break true;
                     }
-                },
+                }
+                if batch.len() >= BATCH {
+                    break false;
+                }
+                match deliveries.next().now_or_never() {
+                    Some(next) => item = next,
+                    None => break false,
+                }
+            };
+            self.inbox.push_all(self.epoch, batch.drain(..));
+            if lost {
+                break Ended::Lost;
             }
         };
         lag.abort();
