@@ -27,12 +27,17 @@ pub async fn create_topic(name: &str, partitions: i32) {
 }
 
 /// Creates the topic or queue of a phase with its `.deferred` and `.dead` companions.
-pub async fn prepare(broker: BrokerKind, topic: &str, partitions: i32) {
-    let names = [
-        topic.to_owned(),
-        format!("{topic}.deferred"),
-        format!("{topic}.dead"),
-    ];
+pub async fn prepare(
+    broker: BrokerKind,
+    topic: &str,
+    partitions: i32,
+    layout: crate::worker::Layout,
+) {
+    let main = layout.topics(topic);
+    let mains = main.len();
+    let mut names = main;
+    names.push(format!("{topic}.deferred"));
+    names.push(format!("{topic}.dead"));
     match broker {
         BrokerKind::Kafka => {
             for n in &names {
@@ -44,7 +49,7 @@ pub async fn prepare(broker: BrokerKind, topic: &str, partitions: i32) {
             for (i, n) in names.iter().enumerate() {
                 // The main queue is a priority queue; the defer and dead-letter queues are
                 // plain (the sinks declare them so).
-                let priority = (i == 0).then_some(crate::load::MAX_PRIORITY);
+                let priority = (i < mains).then_some(crate::load::MAX_PRIORITY);
                 crate::load::declare_queue(&ch, n, priority).await;
             }
             let _ = conn.close(200, "declared").await;

@@ -48,6 +48,8 @@ pub struct WorkerSpec {
     pub capacity: usize,
     /// Directory for logs and stats.
     pub dir: PathBuf,
+    /// One topic (queue) for every tier, or one per tier.
+    pub layout: crate::worker::Layout,
 }
 
 /// A worker process of a phase, running or finished.
@@ -88,6 +90,12 @@ impl WorkerProc {
             path_str(&log),
             "--stats".to_owned(),
             path_str(&stats),
+            "--layout".to_owned(),
+            spec.layout.as_str().to_owned(),
+            // The Prometheus endpoint as well, on a port of the kernel's choosing: the
+            // workers run as a deployment would (the stats file is what the report reads).
+            "--metrics".to_owned(),
+            "127.0.0.1:0".to_owned(),
         ];
         if let Some(i) = instance {
             args.push("--instance".to_owned());

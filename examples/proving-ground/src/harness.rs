@@ -52,6 +52,11 @@ pub struct RunConfig {
     pub out: PathBuf,
     /// How to start workers.
     pub launcher: Launcher,
+    /// One topic (queue) for every tier, or one per tier.
+    pub layout: crate::worker::Layout,
+    /// Restart phase: seconds of 3x traffic accumulated while no worker runs, then served
+    /// while arrivals continue at 1x for `phase`. Zero: no restart phase.
+    pub restart_backlog: Duration,
 }
 
 /// The outcome of one phase.
@@ -77,6 +82,29 @@ pub struct PhaseResult {
     pub events: Vec<String>,
     /// Whether it settled (every id seen, logs quiet) before the limit.
     pub settled: bool,
+    /// The restart phase's figures.
+    pub restart: Option<Restart>,
+}
+
+/// The restart phase: a mixed backlog accumulated while no worker ran, then served with
+/// arrivals continuing at 1x.
+#[derive(Clone, Debug, Default)]
+pub struct Restart {
+    /// Records in the backlog, and of them Critical.
+    pub backlog: u64,
+    /// Critical records in the backlog.
+    pub backlog_critical: u64,
+    /// Backlog Critical records completed (in time or late).
+    pub critical_served: u64,
+    /// Backlog Critical records completed inside their deadline.
+    pub critical_in_time: u64,
+    /// Seconds from the worker's start until the last backlog Critical record completed.
+    pub critical_all_served_s: Option<f64>,
+    /// A plain FIFO consumer at the measured capacity: position of the last backlog
+    /// Critical record / capacity, seconds (computed, not run).
+    pub fifo_s: f64,
+    /// Re-publishes (deferrals) during the phase, every tier.
+    pub republished: u64,
 }
 
 /// The outcome for one broker.
@@ -118,6 +146,7 @@ async fn run_broker(config: &RunConfig, broker: BrokerKind) -> BrokerResult {
         mix: [100, 0, 0, 0],
         windows_ms: [600_000; 4],
         poison_permille: 0,
+        layout: config.layout,
     };
     let cap = phase(config, broker, &run, "capacity", 0.0, &spec, None).await;
     let capacity = cap.1.unwrap_or(estimate);
@@ -135,9 +164,50 @@ async fn run_broker(config: &RunConfig, broker: BrokerKind) -> BrokerResult {
             mix: config.mix,
             windows_ms: config.windows_ms,
             poison_permille: config.poison_permille,
+            layout: config.layout,
         };
         let name = format!("{factor}x");
         let (p, _) = phase(config, broker, &run, &name, factor, &spec, None).await;
+        phases.push(p);
+    }
+    if !config.restart_backlog.is_zero() {
+        // Deadlines of the backlog: its age at the restart plus 10x each tier's window, so
+        // that what the backlog is measured on is whether Critical is reached in time.
+        let accum = config.restart_backlog.as_millis() as u64;
+        let backlog = LoadSpec {
+            prefix: format!("{run}-restart-backlog"),
+            rate: Some(3.0 * capacity),
+            duration: config.restart_backlog,
+            count: 0,
+            mix: config.mix,
+            windows_ms: config.windows_ms.map(|w| accum + 10 * w),
+            poison_permille: 0,
+            layout: config.layout,
+        };
+        let arrivals = LoadSpec {
+            prefix: format!("{run}-restart"),
+            rate: Some(capacity),
+            duration: config.phase,
+            count: 0,
+            mix: config.mix,
+            windows_ms: config.windows_ms,
+            poison_permille: config.poison_permille,
+            layout: config.layout,
+        };
+        let (mut p, _) = phase_with(
+            config,
+            broker,
+            &run,
+            "restart",
+            1.0,
+            &arrivals,
+            None,
+            Some(&backlog),
+        )
+        .await;
+        if let Some(r) = p.restart.as_mut() {
+            r.fifo_s /= capacity;
+        }
         phases.push(p);
     }
     let faults = config.kills > 0 || config.broker_restart || config.group_churn;
@@ -150,6 +220,7 @@ async fn run_broker(config: &RunConfig, broker: BrokerKind) -> BrokerResult {
             mix: config.mix,
             windows_ms: config.windows_ms,
             poison_permille: config.poison_permille,
+            layout: config.layout,
         };
         let plan = FaultPlan {
             kills: config.kills,
@@ -187,6 +258,21 @@ async fn phase(
     spec: &LoadSpec,
     faults: Option<FaultPlan>,
 ) -> (PhaseResult, Option<f64>) {
+    phase_with(config, broker, run, name, factor, spec, faults, None).await
+}
+
+/// One phase, with `early` (a restart's backlog) produced before any worker starts.
+#[allow(clippy::too_many_arguments)]
+async fn phase_with(
+    config: &RunConfig,
+    broker: BrokerKind,
+    run: &str,
+    name: &str,
+    factor: f64,
+    spec: &LoadSpec,
+    faults: Option<FaultPlan>,
+    early: Option<&LoadSpec>,
+) -> (PhaseResult, Option<f64>) {
     let (topic, group) = names(broker, run, &name.replace('.', "_"));
     let dir = config
         .out
@@ -194,7 +280,7 @@ async fn phase(
         .join(name);
     std::fs::create_dir_all(&dir).expect("phase directory");
     let partitions = if faults.is_some() { 2 } else { 1 };
-    crate::brokers::prepare(broker, &topic, partitions).await;
+    crate::brokers::prepare(broker, &topic, partitions, config.layout).await;
     let wspec = WorkerSpec {
         broker,
         topic: topic.clone(),
@@ -203,6 +289,7 @@ async fn phase(
         workers: config.workers,
         capacity: config.queue_capacity,
         dir: dir.clone(),
+        layout: config.layout,
     };
     eprintln!(
         "  phase {name}: {}",
@@ -218,12 +305,27 @@ async fn phase(
     if backlog {
         produced_early = Some(crate::load::produce(broker, &topic, spec).await);
     }
+    let restart_backlog = match early {
+        Some(e) => {
+            eprintln!("  phase {name}: accumulating {:?} of backlog", e.duration);
+            Some(crate::load::produce(broker, &topic, e).await.0)
+        }
+        None => None,
+    };
+    let started_ms = crate::worker::unix_ms();
     let fleet = Arc::new(parking_lot::Mutex::new(Fleet::start(
         config.launcher.clone(),
         wspec,
     )));
-    if !backlog {
-        warm_up(broker, &topic, &format!("{}-warm", spec.prefix), &dir).await;
+    if !backlog && early.is_none() {
+        warm_up(
+            broker,
+            &topic,
+            &format!("{}-warm", spec.prefix),
+            &dir,
+            config.layout,
+        )
+        .await;
     }
     let injector = faults.map(|plan| {
         let fleet = Arc::clone(&fleet);
@@ -252,6 +354,10 @@ async fn phase(
             std::panic::resume_unwind(e.into_panic());
         }
     }
+    let mut produced = produced;
+    if let Some(b) = &restart_backlog {
+        produced.extend(b.iter().cloned());
+    }
     let settled = settle(&produced, &dir, config.settle_limit).await;
     sampler_stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = sampler.await;
@@ -272,6 +378,7 @@ async fn phase(
         rec.duplicate_completions
     );
     let service_rate = backlog.then(|| service_rate(&produced, &logs)).flatten();
+    let restart = restart_backlog.map(|b| restart_figures(&b, &logs, started_ms, &rows));
     (
         PhaseResult {
             name: name.to_owned(),
@@ -284,9 +391,51 @@ async fn phase(
             produce_failures,
             events,
             settled,
+            restart,
         },
         service_rate,
     )
+}
+
+/// The restart figures; `fifo_s` is the last Critical's position, divided by the capacity by
+/// the caller.
+fn restart_figures(
+    backlog: &[Produced],
+    logs: &reconcile::Logs,
+    started_ms: u64,
+    rows: &[TierRow; 4],
+) -> Restart {
+    let mut r = Restart {
+        backlog: backlog.len() as u64,
+        republished: rows.iter().map(|t| t.republished).sum(),
+        ..Restart::default()
+    };
+    let mut last: Option<u64> = None;
+    let mut all = true;
+    for (i, p) in backlog.iter().enumerate().filter(|(_, p)| p.tier == 0) {
+        r.backlog_critical += 1;
+        r.fifo_s = (i + 1) as f64;
+        let done = logs.get(&p.id).and_then(|ls| {
+            ls.iter()
+                .filter(|l| l.what == reconcile::Logged::Completed)
+                .map(|l| l.at_ms)
+                .min()
+        });
+        match done {
+            Some(at) => {
+                r.critical_served += 1;
+                if at <= p.deadline_ms {
+                    r.critical_in_time += 1;
+                }
+                last = Some(last.map_or(at, |l| l.max(at)));
+            }
+            None => all = false,
+        }
+    }
+    if all {
+        r.critical_all_served_s = last.map(|l| l.saturating_sub(started_ms) as f64 / 1000.0);
+    }
+    r
 }
 
 /// Completions per second over the middle 80 % of a backlog's completions.
@@ -343,7 +492,13 @@ async fn settle(produced: &[Produced], dir: &std::path::Path, limit: Duration) -
 
 /// Produces a few Critical messages and waits until the worker logged them all: the consumer
 /// has joined its group and the phase's clock can start. Their ids are not offered load.
-async fn warm_up(broker: BrokerKind, topic: &str, prefix: &str, dir: &std::path::Path) {
+async fn warm_up(
+    broker: BrokerKind,
+    topic: &str,
+    prefix: &str,
+    dir: &std::path::Path,
+    layout: crate::worker::Layout,
+) {
     let spec = LoadSpec {
         prefix: prefix.to_owned(),
         rate: None,
@@ -352,6 +507,7 @@ async fn warm_up(broker: BrokerKind, topic: &str, prefix: &str, dir: &std::path:
         mix: [100, 0, 0, 0],
         windows_ms: [600_000; 4],
         poison_permille: 0,
+        layout,
     };
     let (warm, _) = crate::load::produce(broker, topic, &spec).await;
     let until = Instant::now() + Duration::from_secs(120);

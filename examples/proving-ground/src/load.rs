@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use triage::Criticality;
 use triage_amqp::lapin;
 
-use crate::worker::{unix_ms, BrokerKind, AMQP, KAFKA};
+use crate::worker::{unix_ms, BrokerKind, Layout, AMQP, KAFKA};
 
 /// One confirmed message, as the generator knows it.
 #[derive(Clone, Debug)]
@@ -50,6 +50,8 @@ pub struct LoadSpec {
     pub windows_ms: [u64; 4],
     /// Poison messages per thousand (handler fails them permanently).
     pub poison_permille: u32,
+    /// One topic (queue) for every tier, or one per tier.
+    pub layout: Layout,
 }
 
 /// Tier index from a uniform draw over the mix.
@@ -178,6 +180,7 @@ async fn produce_kafka(topic: &str, spec: &LoadSpec) -> (Vec<Produced>, u64) {
     struct Send<'a> {
         producer: &'a FutureProducer,
         topic: &'a str,
+        layout: Layout,
         tx: mpsc::UnboundedSender<(Produced, triage_kafka::rdkafka::producer::DeliveryFuture)>,
     }
     impl AsyncSend for Send<'_> {
@@ -185,6 +188,9 @@ async fn produce_kafka(topic: &str, spec: &LoadSpec) -> (Vec<Produced>, u64) {
             let tier = Criticality::ALL[d.produced.tier].as_str();
             let deadline = d.produced.deadline_ms.to_string();
             let payload = d.payload;
+            let topic = self
+                .layout
+                .topic_of(self.topic, Criticality::ALL[d.produced.tier]);
             loop {
                 let headers = OwnedHeaders::new()
                     .insert(Header {
@@ -195,7 +201,7 @@ async fn produce_kafka(topic: &str, spec: &LoadSpec) -> (Vec<Produced>, u64) {
                         key: "triage-deadline-ms",
                         value: Some(&deadline),
                     });
-                let record = FutureRecord::<(), _>::to(self.topic)
+                let record = FutureRecord::<(), _>::to(&topic)
                     .payload(&payload)
                     .headers(headers);
                 match self.producer.send_result(record) {
@@ -214,6 +220,7 @@ async fn produce_kafka(topic: &str, spec: &LoadSpec) -> (Vec<Produced>, u64) {
     let mut send = Send {
         producer: &producer,
         topic,
+        layout: spec.layout,
         tx,
     };
     pace(spec, &mut send).await;
@@ -276,7 +283,10 @@ async fn produce_amqp(queue: &str, spec: &LoadSpec) -> (Vec<Produced>, u64) {
     use lapin::BasicProperties;
 
     let (conn, ch) = amqp_connect().await;
-    declare_queue(&ch, queue, Some(MAX_PRIORITY)).await;
+    for q in spec.layout.topics(queue) {
+        declare_queue(&ch, &q, Some(MAX_PRIORITY)).await;
+    }
+    let layout = spec.layout;
     let link = Arc::new(Mutex::new(Some((conn, ch))));
     // Publishes whose confirm did not come back come here to be published again.
     let retry: Arc<Mutex<Vec<Draft>>> = Arc::default();
@@ -297,9 +307,11 @@ async fn produce_amqp(queue: &str, spec: &LoadSpec) -> (Vec<Produced>, u64) {
     async fn publish(
         link: &Mutex<Option<(lapin::Connection, lapin::Channel)>>,
         queue: &str,
+        layout: Layout,
         d: &Draft,
     ) -> Option<lapin::publisher_confirm::PublisherConfirm> {
         let ch = link.lock().as_ref().map(|(_, ch)| ch.clone())?;
+        let queue = layout.topic_of(queue, Criticality::ALL[d.produced.tier]);
         let mut headers = FieldTable::default();
         headers.insert(
             "triage-criticality".into(),
@@ -311,7 +323,7 @@ async fn produce_amqp(queue: &str, spec: &LoadSpec) -> (Vec<Produced>, u64) {
         );
         ch.basic_publish(
             "",
-            queue,
+            &queue,
             BasicPublishOptions::default(),
             d.payload.as_bytes(),
             BasicProperties::default()
@@ -327,6 +339,7 @@ async fn produce_amqp(queue: &str, spec: &LoadSpec) -> (Vec<Produced>, u64) {
     struct Send<'a> {
         link: Arc<Mutex<Option<(lapin::Connection, lapin::Channel)>>>,
         queue: &'a str,
+        layout: Layout,
         retry: Arc<Mutex<Vec<Draft>>>,
         tx: mpsc::UnboundedSender<(Draft, lapin::publisher_confirm::PublisherConfirm)>,
     }
@@ -345,7 +358,7 @@ async fn produce_amqp(queue: &str, spec: &LoadSpec) -> (Vec<Produced>, u64) {
         }
         async fn send_one(&self, d: Draft) {
             loop {
-                match publish(&self.link, self.queue, &d).await {
+                match publish(&self.link, self.queue, self.layout, &d).await {
                     Some(confirm) => {
                         let _ = self.tx.send((d, confirm));
                         return;
@@ -369,6 +382,7 @@ async fn produce_amqp(queue: &str, spec: &LoadSpec) -> (Vec<Produced>, u64) {
     let mut send = Send {
         link: Arc::clone(&link),
         queue,
+        layout,
         retry: Arc::clone(&retry),
         tx,
     };
@@ -392,7 +406,7 @@ async fn produce_amqp(queue: &str, spec: &LoadSpec) -> (Vec<Produced>, u64) {
     let late: Vec<Draft> = std::mem::take(&mut *retry.lock());
     let mut failed = 0u64;
     for d in late {
-        let acked = match publish(&link, queue, &d).await {
+        let acked = match publish(&link, queue, layout, &d).await {
             Some(c) => c.await.is_ok_and(|c| c.is_ack()),
             None => false,
         };

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! tests/brokers/up.sh
-//! cargo run --release -p triage-proving-ground -- --broker both --factors 1,3,10 \
+//! cargo run --release -p triage-proving-ground -- --broker both --factors 0.8,1,3,10 \
 //!     --seconds 20 --kills 5 --broker-restart --group-churn --out target/proving-ground
 //! ```
 //!
@@ -16,7 +16,10 @@
 //! Each worker's warnings go to `worker-<n>.out` beside its disposition log; set
 //! `PROVING_GROUND_LOG` (a `tracing` filter such as `warn,triage_kafka=debug`) for more, and
 //! `PROVING_GROUND_KAFKA_DEBUG` (librdkafka `debug` contexts such as `cgrp,fetch`, logged under
-//! `librdkafka=debug`) to see the consumer group at work.
+//! `librdkafka=debug`) to see the consumer group at work. `PROVING_GROUND_SHARE_RESERVE_MS`
+//! overrides the workers' `share_reserve_ms` (diagnosis only). Each worker also appends the
+//! pull admission's gauges (`triage_shed_level`, `triage_arrival_rate`, `triage_capacity`,
+//! `triage_lag`, `triage_in_flight`) every 250 ms to `worker-<n>.gauges`.
 
 mod brokers;
 mod faults;
@@ -60,7 +63,7 @@ struct RunArgs {
     #[arg(long, value_enum, default_value = "both")]
     broker: Which,
     /// Load factors, multiples of the measured capacity.
-    #[arg(long, value_delimiter = ',', default_value = "1,3,10")]
+    #[arg(long, value_delimiter = ',', default_value = "0.8,1,3,10")]
     factors: Vec<f64>,
     /// Length of each load phase, seconds.
     #[arg(long, default_value_t = 20)]
@@ -102,6 +105,14 @@ struct RunArgs {
     /// Output directory (worker logs and stats per phase; the report too unless --report).
     #[arg(long, default_value = "target/proving-ground")]
     out: PathBuf,
+    /// One topic (queue) for every tier, labelled by header, or a topic (queue) per tier
+    /// (`<topic>.<tier>`) mapped to its tier by the source, whose shed tiers are paused.
+    #[arg(long, value_enum, default_value = "mixed")]
+    layout: worker::Layout,
+    /// Restart phase: seconds of 3x traffic accumulated while no worker runs, then served
+    /// while arrivals continue at 1x for --seconds (0: no restart phase).
+    #[arg(long, default_value_t = 0)]
+    restart_backlog: u64,
     /// Directory for `proving-ground.md` and `proving-ground.svg` (default: --out).
     #[arg(long)]
     report: Option<PathBuf>,
@@ -148,6 +159,8 @@ fn main() -> ExitCode {
         settle_limit: Duration::from_secs(120),
         out: a.out.clone(),
         launcher: faults::Launcher::Subcommand,
+        layout: a.layout,
+        restart_backlog: Duration::from_secs(a.restart_backlog),
     };
     let command = format!(
         "cargo run --release -p triage-proving-ground -- {}",

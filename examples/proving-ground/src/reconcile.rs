@@ -90,6 +90,8 @@ pub struct Counters {
     pub refused: [u64; 4],
     /// Messages evicted from the queue, per tier index.
     pub evicted: [u64; 4],
+    /// Records expired at intake (before queueing, from headers alone), per tier index.
+    pub expired_at_intake: [u64; 4],
     /// Samples of the reject cost, ns.
     pub reject_ns: Vec<u64>,
     /// CPU ticks of the processes, at their last snapshot.
@@ -117,6 +119,12 @@ pub fn read_counters(paths: &[PathBuf]) -> Counters {
                 continue;
             }
             let parts: Vec<&str> = name.split('.').collect();
+            if parts.len() == 2 && parts[0] == "triage_expired_at_intake_total" {
+                if let Some(t) = tiers.iter().position(|t| *t == parts[1]) {
+                    c.expired_at_intake[t] += value;
+                }
+                continue;
+            }
             if parts.len() != 3 || parts[0] != "triage_refused_total" {
                 continue;
             }
@@ -144,6 +152,12 @@ pub struct TierRow {
     pub late: u64,
     /// Deferred at least once.
     pub deferred: u64,
+    /// Re-publishes to the defer store: every `deferred` line (a copy deferred again counts
+    /// again).
+    pub republished: u64,
+    /// Expired at intake, from the runtime's counter (a subset of `expired`; a killed
+    /// worker's last 250 ms are missing).
+    pub expired_at_intake: u64,
     /// Expired (never completed).
     pub expired: u64,
     /// Shed (never completed).
@@ -243,6 +257,7 @@ pub fn tally(
         if has(Logged::Deferred) {
             row.deferred += 1;
         }
+        row.republished += lines.iter().filter(|l| l.what == Logged::Deferred).count() as u64;
         if let Some(s) = completions.first().and_then(|l| l.sojourn_us) {
             sojourns[p.tier].push(s);
         }
@@ -258,6 +273,7 @@ pub fn tally(
     for (t, row) in rows.iter_mut().enumerate() {
         row.evicted = counters.evicted[t];
         row.refused = counters.refused[t];
+        row.expired_at_intake = counters.expired_at_intake[t];
         let s = &mut sojourns[t];
         s.sort_unstable();
         row.sojourn_p50_ms = quantile(s, 0.5) as f64 / 1000.0;

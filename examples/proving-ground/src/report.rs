@@ -69,9 +69,7 @@ fn markdown(config: &RunConfig, results: &[BrokerResult], command: &str) -> Stri
          deadlines produce time + {}/{}/{}/{} ms; {} per mille poison messages (dead-lettered). \
          Refusal policies are the defaults: Critical and High backpressure (wait in the broker), \
          Medium and Sheddable deferred to `<topic>.deferred` and drained back when load falls. \
-         Kafka: one topic, a partition per phase (two in the fault phase), static membership. \
-         RabbitMQ: a priority queue (`x-max-priority` 9, the producer sets `priority` 9/6/4/1), \
-         prefetch 256. Load phases {:?} each; fault phase {:?} at {}x.\n",
+         Layout: **{}**. {} Load phases {:?} each; fault phase {:?} at {}x.\n",
         config.workers,
         config.service_ms,
         config.queue_capacity,
@@ -84,6 +82,22 @@ fn markdown(config: &RunConfig, results: &[BrokerResult], command: &str) -> Stri
         config.windows_ms[2],
         config.windows_ms[3],
         config.poison_permille,
+        config.layout.as_str(),
+        match config.layout {
+            crate::worker::Layout::Mixed => {
+                "Kafka: one topic for every tier (the `triage-criticality` header labels \
+                 each record), a partition per phase (two in the fault phase), static \
+                 membership. RabbitMQ: one priority queue (`x-max-priority` 9, the producer \
+                 sets `priority` 9/6/4/1), prefetch 256."
+            }
+            crate::worker::Layout::PerTier => {
+                "Kafka: a topic per tier (`<topic>.<tier>`, mapped by \
+                 `criticality.topic_tiers`; the source pauses a shed tier's partitions), a \
+                 partition each per phase (two in the fault phase), static membership. \
+                 RabbitMQ: a queue per tier (`tier_queues`; a shed tier's queue is not \
+                 read), prefetch 256."
+            }
+        },
         config.phase,
         config.fault_phase,
         config.fault_factor,
@@ -150,6 +164,39 @@ fn markdown(config: &RunConfig, results: &[BrokerResult], command: &str) -> Stri
          capacity), the time one success takes of the worker; predicted served = \
          (1 − r·k)/(1 − r) at the phase's factor k (seed 000).\n"
     );
+    let _ = writeln!(s, "## Per tier and factor\n");
+    let _ = writeln!(
+        s,
+        "| broker | phase | tier | offered | goodput % | deferred | re-publishes | expired | of which at intake | completed late |"
+    );
+    let _ = writeln!(s, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for b in results {
+        for p in b.phases.iter().filter(|p| p.factor > 0.0) {
+            for (t, r) in p.rows.iter().enumerate() {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {:.1}% | {} | {} | {} | {} | {} |",
+                    b.broker.as_str(),
+                    p.name,
+                    TIERS[t],
+                    r.offered,
+                    100.0 * r.goodput_share(),
+                    r.deferred,
+                    r.republished,
+                    r.expired,
+                    r.expired_at_intake,
+                    r.late
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\nDeferred: ids deferred at least once; re-publishes: every deferral (a copy deferred \
+         again counts again); expired at intake: the runtime's \
+         `triage_expired_at_intake_total` (expired from headers before queueing, no handler \
+         call), a part of expired.\n"
+    );
     for b in results {
         let _ = writeln!(s, "## {}\n", b.broker.as_str());
         let _ = writeln!(s, "Measured capacity: {:.0} msg/s.\n", b.capacity);
@@ -173,25 +220,27 @@ fn phase_md(s: &mut String, p: &PhaseResult) {
     );
     let _ = writeln!(
         s,
-        "| tier | offered | goodput | goodput % | completed late | expired | evicted | refused | deferred | dead-lettered | shed | sojourn p50 ms | sojourn p99 ms |"
+        "| tier | offered | goodput | goodput % | completed late | expired | at intake | evicted | refused | deferred | re-publishes | dead-lettered | shed | sojourn p50 ms | sojourn p99 ms |"
     );
     let _ = writeln!(
         s,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for (t, r) in p.rows.iter().enumerate() {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.1}% | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} |",
+            "| {} | {} | {} | {:.1}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} |",
             TIERS[t],
             r.offered,
             r.goodput,
             100.0 * r.goodput_share(),
             r.late,
             r.expired,
+            r.expired_at_intake,
             r.evicted,
             r.refused,
             r.deferred,
+            r.republished,
             r.dead,
             r.shed,
             r.sojourn_p50_ms,
@@ -227,6 +276,26 @@ fn phase_md(s: &mut String, p: &PhaseResult) {
             .collect();
         let _ = writeln!(s, "Unaccounted ids (first 20): {}\n", shown.join(", "));
     }
+    if let Some(r) = &p.restart {
+        let _ = writeln!(
+            s,
+            "Restart with a mixed backlog: {} records accumulated at 3x while no worker ran \
+             ({} Critical; deadlines: the backlog's age plus 10x each tier's window), then served \
+             while arrivals continued at 1x. Backlog Critical served: {} ({} in time). Time from \
+             the worker's start until every backlog Critical record was served: **{}**; a plain \
+             FIFO consumer at the measured capacity would reach the last one after about {:.1} s \
+             (its position in the backlog / capacity; computed, not run). Re-publishes (deferrals, \
+             every tier) during the phase: **{}**.\n",
+            r.backlog,
+            r.backlog_critical,
+            r.critical_served,
+            r.critical_in_time,
+            r.critical_all_served_s
+                .map_or("not all served".to_owned(), |t| format!("{t:.1} s")),
+            r.fifo_s,
+            r.republished
+        );
+    }
     if !p.events.is_empty() {
         let _ = writeln!(s, "Faults:\n");
         for e in &p.events {
@@ -255,7 +324,7 @@ fn chart(path: &Path, results: &[BrokerResult]) -> Result<(), Box<dyn std::error
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(48)
-            .build_cartesian_2d((0.8f64..max_factor * 1.25).log_scale(), 0f64..105f64)?;
+            .build_cartesian_2d((0.6f64..max_factor * 1.25).log_scale(), 0f64..105f64)?;
         ch.configure_mesh()
             .x_desc("offered load (x capacity)")
             .y_desc("goodput, % of offered")
@@ -266,7 +335,7 @@ fn chart(path: &Path, results: &[BrokerResult]) -> Result<(), Box<dyn std::error
             let pts: Vec<(f64, f64)> = b
                 .phases
                 .iter()
-                .filter(|p| p.factor > 0.0 && p.events.is_empty())
+                .filter(|p| p.factor > 0.0 && p.events.is_empty() && p.restart.is_none())
                 .map(|p| (p.factor, 100.0 * p.rows[t].goodput_share()))
                 .collect();
             ch.draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?

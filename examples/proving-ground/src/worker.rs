@@ -49,6 +49,53 @@ impl BrokerKind {
     }
 }
 
+/// How the load is laid out on the broker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Layout {
+    /// One topic (one priority queue on RabbitMQ) for every tier, labelled by the
+    /// `triage-criticality` header.
+    #[default]
+    Mixed,
+    /// A topic (a queue on RabbitMQ) per tier, `<topic>.<tier>`, mapped to its tier by the
+    /// source (Kafka `criticality.topic_tiers`, AMQP `tier_queues`): a shed tier's partitions
+    /// (queues) are paused, so its records wait in the broker, not in front of Critical.
+    PerTier,
+}
+
+impl Layout {
+    /// Lowercase name, for the command line and the report.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layout::Mixed => "mixed",
+            Layout::PerTier => "per-tier",
+        }
+    }
+
+    /// The topics (queues) the load goes to: one, or one per tier, Critical first.
+    pub fn topics(self, topic: &str) -> Vec<String> {
+        match self {
+            Layout::Mixed => vec![topic.to_owned()],
+            Layout::PerTier => Criticality::ALL
+                .iter()
+                .map(|t| tier_topic(topic, *t))
+                .collect(),
+        }
+    }
+
+    /// The topic (queue) a message of `tier` is produced to.
+    pub fn topic_of(self, topic: &str, tier: Criticality) -> String {
+        match self {
+            Layout::Mixed => topic.to_owned(),
+            Layout::PerTier => tier_topic(topic, tier),
+        }
+    }
+}
+
+/// `<topic>.<tier>`: the topic (queue) of one tier in the per-tier layout.
+pub fn tier_topic(topic: &str, tier: Criticality) -> String {
+    format!("{topic}.{}", tier.as_str())
+}
+
 /// Kafka bootstrap servers of the project's test broker.
 pub const KAFKA: &str = "127.0.0.1:9092";
 /// RabbitMQ URI of the project's test broker.
@@ -59,6 +106,10 @@ pub const LOG_ENV: &str = "PROVING_GROUND_LOG";
 /// Environment variable with librdkafka `debug` contexts for the worker's clients (e.g.
 /// `cgrp,fetch`); their lines are logged at debug level.
 pub const KAFKA_DEBUG_ENV: &str = "PROVING_GROUND_KAFKA_DEBUG";
+
+/// Environment variable overriding the runtime's `share_reserve_ms` (how long lower tiers
+/// leave a higher tier's share free after it last had work queued), for diagnosis.
+pub const SHARE_RESERVE_ENV: &str = "PROVING_GROUND_SHARE_RESERVE_MS";
 
 /// Arguments of the `worker` subcommand.
 #[derive(Clone, Debug, clap::Args)]
@@ -100,6 +151,9 @@ pub struct WorkerArgs {
     /// written either way).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
+    /// One mixed topic (queue), or one per tier (`<topic>.<tier>`).
+    #[arg(long, value_enum, default_value = "mixed")]
+    pub layout: Layout,
 }
 
 /// The message id and poison flag from a payload `id,tier,produced_ms,poison`.
@@ -189,7 +243,45 @@ pub fn unix_ms() -> u64 {
 #[derive(Default)]
 struct Recorder {
     counters: Mutex<Vec<(String, Arc<Cell>)>>,
+    gauges: Mutex<Vec<(String, Arc<GaugeCell>)>>,
     reject: Arc<RejectCost>,
+}
+
+/// Counters the stats file carries (name prefixes).
+const COUNTERS: [&str; 4] = [
+    "triage_refused_total",
+    "triage_shed_total",
+    "triage_expired_at_intake_total",
+    "triage_deferred_total",
+];
+
+/// Gauges of the pull admission, sampled into the gauges timeline (`<stats>.gauges`).
+const GAUGES: [&str; 5] = [
+    "triage_shed_level",
+    "triage_arrival_rate",
+    "triage_capacity",
+    "triage_lag",
+    "triage_in_flight",
+];
+
+/// A gauge's last value, as `f64` bits.
+#[derive(Default)]
+struct GaugeCell(AtomicU64);
+
+impl metrics::GaugeFn for GaugeCell {
+    fn increment(&self, value: f64) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                Some((f64::from_bits(b) + value).to_bits())
+            });
+    }
+    fn decrement(&self, value: f64) {
+        self.increment(-value);
+    }
+    fn set(&self, value: f64) {
+        self.0.store(value.to_bits(), Ordering::Relaxed);
+    }
 }
 
 #[derive(Default)]
@@ -255,15 +347,23 @@ impl metrics::Recorder for Shared {
     }
     fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
         let name = key_name(key);
-        if !(name.starts_with("triage_refused_total") || name.starts_with("triage_shed_total")) {
+        if !COUNTERS.iter().any(|c| name.starts_with(c)) {
             return metrics::Counter::noop();
         }
         let cell = Arc::new(Cell::default());
         self.0.counters.lock().push((name, Arc::clone(&cell)));
         metrics::Counter::from_arc(cell)
     }
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::noop()
+    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        if !GAUGES.contains(&key.name()) {
+            return metrics::Gauge::noop();
+        }
+        let cell = Arc::new(GaugeCell::default());
+        self.0
+            .gauges
+            .lock()
+            .push((key_name(key), Arc::clone(&cell)));
+        metrics::Gauge::from_arc(cell)
     }
     fn register_histogram(
         &self,
@@ -293,6 +393,17 @@ impl Recorder {
         out.push('\n');
         out
     }
+
+    /// One timeline line: Unix ms, then `name=value` for every captured gauge.
+    fn gauge_line(&self) -> String {
+        let mut out = unix_ms().to_string();
+        for (name, cell) in self.gauges.lock().iter() {
+            let v = f64::from_bits(cell.0.load(Ordering::Relaxed));
+            out.push_str(&format!(" {name}={v:.1}"));
+        }
+        out.push('\n');
+        out
+    }
 }
 
 fn write_stats(path: &Path, recorder: &Recorder, cpu: Option<(u64, u64)>) {
@@ -303,6 +414,14 @@ fn write_stats(path: &Path, recorder: &Recorder, cpu: Option<(u64, u64)>) {
     let tmp = path.with_extension("tmp");
     if std::fs::write(&tmp, text).is_ok() {
         let _ = std::fs::rename(&tmp, path);
+    }
+    // The admission's gauges over time, for reading a phase back (not used by the report).
+    if let Ok(mut f) = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path.with_extension("gauges"))
+    {
+        let _ = f.write_all(recorder.gauge_line().as_bytes());
     }
 }
 
@@ -351,12 +470,17 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
     let log = Arc::new(DispositionLog::open(&args.log)?);
     let workers = NonZeroUsize::new(args.workers).ok_or("--workers must be at least 1")?;
     let capacity = NonZeroUsize::new(args.capacity).ok_or("--capacity must be at least 1")?;
-    let config = RuntimeConfig {
+    let mut config = RuntimeConfig {
         workers,
         queue: WfqConfig::with_capacity(capacity.get()),
         max_held: NonZeroUsize::new(args.max_held).ok_or("--max-held must be at least 1")?,
         ..RuntimeConfig::default()
     };
+    if let Ok(ms) = std::env::var(SHARE_RESERVE_ENV) {
+        config.share_reserve_ms = ms
+            .parse()
+            .map_err(|_| format!("{SHARE_RESERVE_ENV} must be a number of milliseconds"))?;
+    }
     let service = Duration::from_millis(args.service_ms);
     let deferred = format!("{}.deferred", args.topic);
     let dead = format!("{}.dead", args.topic);
@@ -386,8 +510,8 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
                     let sojourn = Arc::clone(&sojourn);
                     handle(job, body_of_kafka, service, sojourn)
                 })?;
-            let source_config = |group: String, topic: &str, suffix: &str| {
-                let mut c = KafkaSourceConfig::new(KAFKA, group, [topic]);
+            let source_config = |group: String, topics: Vec<String>, suffix: &str| {
+                let mut c = KafkaSourceConfig::new(KAFKA, group, topics.clone());
                 c.commit_interval_ms = 200;
                 // librdkafka (2.x) postpones the next fetch by `fetch.queue.backoff.ms`
                 // (default 1000) whenever its queue holds `queued.min.messages` (here the
@@ -396,7 +520,16 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
                 c.max_prefetch_messages = 4000;
                 c.properties
                     .insert("fetch.queue.backoff.ms".into(), "5".into());
-                c.criticality.trusted_topics = vec![topic.to_owned()];
+                // Trusted for the deadline header (and the label, which agrees with the
+                // topic's tier in the per-tier layout).
+                c.criticality.trusted_topics = topics.clone();
+                if args.layout == Layout::PerTier && suffix.is_empty() {
+                    for t in Criticality::ALL {
+                        c.criticality
+                            .topic_tiers
+                            .insert(tier_topic(&args.topic, t), t);
+                    }
+                }
                 // The broker's minimum: a killed dynamic member is noticed within 6 s.
                 c.properties
                     .insert("session.timeout.ms".into(), "6000".into());
@@ -412,15 +545,19 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
                 c
             };
             runtime.attach(
-                KafkaSource::builder(source_config(args.group.clone(), &args.topic, ""))
-                    .republish_to(&defer_sink)
-                    .republish_to(&dead_sink)
-                    .build()?,
+                KafkaSource::builder(source_config(
+                    args.group.clone(),
+                    args.layout.topics(&args.topic),
+                    "",
+                ))
+                .republish_to(&defer_sink)
+                .republish_to(&dead_sink)
+                .build()?,
             );
             runtime.attach_drain(
                 drain::builder(source_config(
                     format!("{}-drain", args.group),
-                    &deferred,
+                    vec![deferred.clone()],
                     "-drain",
                 ))
                 .republish_to(&dead_sink)
@@ -446,10 +583,20 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
                     handle(job, body_of_amqp, service, sojourn)
                 })?;
             let prefetch = u16::try_from(capacity.get().min(256)).unwrap_or(256);
-            let mut main = AmqpSourceConfig::new(AMQP, &args.topic);
+            let mut main = match args.layout {
+                Layout::Mixed => AmqpSourceConfig::new(AMQP, &args.topic),
+                Layout::PerTier => {
+                    let mut c = AmqpSourceConfig::new(AMQP, "");
+                    c.tier_queues = Criticality::ALL
+                        .iter()
+                        .map(|t| triage_amqp::TierQueue::new(tier_topic(&args.topic, *t), *t))
+                        .collect();
+                    c
+                }
+            };
             main.prefetch = prefetch;
             main.dead_letter_via_sink = true;
-            main.classify.trusted_queues = vec![args.topic.clone()];
+            main.classify.trusted_queues = args.layout.topics(&args.topic);
             main.declare.max_priority = Some(crate::load::MAX_PRIORITY);
             runtime.attach(AmqpSource::connect(main, capacity).await?);
             // The drain: each deferred copy keeps the tier it was deferred with.

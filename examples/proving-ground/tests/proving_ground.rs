@@ -76,6 +76,8 @@ fn short_form(broker: worker::BrokerKind) -> harness::RunConfig {
         launcher: faults::Launcher::TestBinary {
             test: "proving_ground_worker".to_owned(),
         },
+        layout: worker::Layout::Mixed,
+        restart_backlog: Duration::ZERO,
     }
 }
 
