@@ -154,12 +154,16 @@ pub struct RuntimeConfig {
     /// `1.0 / 0.9 / 0.75 / 0.5`.
     pub shares: TierShares,
     /// Work-conserving shares: a tier may use idle slots beyond its share while no higher tier
-    /// has had work queued for `share_reserve_ms`, so workers never idle next to waiting
-    /// lower-tier work. The cost is that a higher-tier message arriving after a quiet spell
-    /// may wait for the first slot to free. `false` keeps the shares strict. Default `true`.
+    /// has work waiting in the queue, so workers never idle next to waiting lower-tier work
+    /// (without it, at 1x, Sheddable's share of 0.5 kept it to the slots left while fewer than
+    /// half were busy, and it expired). The cost: a higher-tier message that arrives while
+    /// borrowed slots are busy waits for the first to free, at most one handler run. `false`
+    /// keeps the shares strict. Default `true`.
     pub work_conserving: bool,
-    /// How long after a higher tier last had work queued the lower tiers still leave its share
-    /// free, in milliseconds. Allowed `0..=600_000`. Default `1000`.
+    /// Also keep the shares strict for this long after a higher tier last had work queued, in
+    /// milliseconds, for higher tiers that arrive in bursts. With steady mixed traffic any
+    /// value above the gap between two higher-tier arrivals turns borrowing off. Allowed
+    /// `0..=600_000`. Default `0` (only work waiting now reserves).
     pub share_reserve_ms: u64,
     /// Refusal policy per tier. Default: Backpressure for Critical and High, DeferOrDrop for
     /// Medium and Sheddable (Defer with a defer sink, Drop without one). An explicit `defer`
@@ -214,7 +218,7 @@ impl Default for RuntimeConfig {
             limit: None,
             shares: TierShares::default(),
             work_conserving: true,
-            share_reserve_ms: 1000,
+            share_reserve_ms: 0,
             policy: PerTier::new(
                 RefusalPolicy::Backpressure,
                 RefusalPolicy::Backpressure,

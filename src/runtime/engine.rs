@@ -109,6 +109,9 @@ pub(crate) struct Inner<T> {
     /// Woken when a worker takes an item while an intake waits for room (pacing).
     pub(crate) room: tokio::sync::Notify,
     pub(crate) room_waiters: AtomicUsize,
+    /// Whether anything was ever offered with `try_submit` (queue-age admission then counts
+    /// in the load level).
+    pub(crate) pushed_seen: std::sync::atomic::AtomicBool,
     /// When each tier (rank) last had an item queued, ns since `origin` (0: never).
     pub(crate) last_work_ns: [AtomicU64; 4],
 }
@@ -276,12 +279,16 @@ impl<T: Send + Sync + 'static> Inner<T> {
         out
     }
 
-    /// The load level handlers see and held messages are re-offered on: the higher of the
-    /// pull-based and queue-age shed levels.
+    /// The load level handlers see and held messages are re-offered on: the pull-based shed
+    /// level, and the queue-age one too once work has been pushed in-process (`try_submit`):
+    /// for pulled work alone the queue's age is no overload signal.
     pub(crate) fn load_level(&self) -> u8 {
-        self.shed_level
-            .load(Ordering::Relaxed)
-            .max(self.queue.shed_level())
+        let pulled = self.shed_level.load(Ordering::Relaxed);
+        if self.pushed_seen.load(Ordering::Relaxed) {
+            pulled.max(self.queue.shed_level())
+        } else {
+            pulled
+        }
     }
 
     /// Recent time (one atomic load), ns since `origin`.
@@ -292,21 +299,36 @@ impl<T: Send + Sync + 'static> Inner<T> {
             .as_nanos() as u64
     }
 
-    /// How many handlers of any tier may be running for a `tier` job to start: its share of
-    /// the limit, or the whole limit while no higher tier has had work queued for
-    /// `share_reserve_ms` (work-conserving shares).
-    fn allowance(&self, tier: Criticality) -> usize {
+    /// A slot for a `tier` job beyond its share of the limit, while no higher tier has work
+    /// waiting (work-conserving shares); `None` when it may not borrow or no slot is idle.
+    fn borrow(&self, tier: Criticality) -> Option<crate::limit::Permit> {
         if self.config.work_conserving && self.higher_tiers_quiet(tier) {
-            self.limit.limit()
+            self.limit.try_acquire_up_to(tier, self.limit.limit())
         } else {
-            self.limit.allowed(tier)
+            None
         }
     }
 
-    /// Whether no tier above `tier` has had work queued within `share_reserve_ms`.
+    /// Whether no tier above `tier` has work queued now, nor had any queued within
+    /// `share_reserve_ms` (0: only "now" counts).
     fn higher_tiers_quiet(&self, tier: Criticality) -> bool {
-        let now = self.recent_ns();
+        let above = Criticality::ALL
+            .iter()
+            .filter(|t| t.rank() > tier.rank())
+            .fold(TierMask::NONE, |m, t| m.with(*t));
+        if !self
+            .queue
+            .backlog()
+            .without(TierMask::ALL.without(above))
+            .is_empty()
+        {
+            return false;
+        }
         let reserve = self.config.share_reserve_ms.saturating_mul(1_000_000);
+        if reserve == 0 {
+            return true;
+        }
+        let now = self.recent_ns();
         Criticality::ALL
             .iter()
             .filter(|t| t.rank() > tier.rank())
@@ -321,6 +343,9 @@ impl<T: Send + Sync + 'static> Inner<T> {
     fn worker_mask(&self) -> TierMask {
         let mask = self.limit.allowed_mask();
         if !self.config.work_conserving || self.limit.in_flight() >= self.limit.limit() {
+            return mask;
+        }
+        if mask == TierMask::ALL {
             return mask;
         }
         let mut mask = mask;
@@ -572,7 +597,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         // The mask admitted this tier; another worker may have taken the last slot since.
         // With work-conserving shares a tier may borrow an idle slot beyond its share; else it
         // waits for a slot within its share.
-        let permit = match self.limit.try_acquire_up_to(tier, self.allowance(tier)) {
+        let permit = match self.limit.try_acquire(tier).or_else(|| self.borrow(tier)) {
             Some(p) => p,
             None => self.limit.acquire(tier).await,
         };

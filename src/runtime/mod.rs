@@ -226,6 +226,7 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             room: tokio::sync::Notify::new(),
             room_waiters: Default::default(),
             last_work_ns: Default::default(),
+            pushed_seen: Default::default(),
         });
         let mut worker_set = tokio::task::JoinSet::new();
         for _ in 0..workers {
@@ -353,6 +354,7 @@ impl<T: Send + Sync + 'static> Runtime<T> {
             return Err(SubmitError::Closed(envelope));
         }
         let tier = envelope.effective_criticality();
+        inner.pushed_seen.store(true, Ordering::Relaxed);
         if inner.config.policy[tier] == RefusalPolicy::Backpressure && !inner.queue.admits(tier) {
             inner.accounts.metrics.tiers[tier].refused[0].increment(1);
             return Err(SubmitError::Overloaded(envelope));
