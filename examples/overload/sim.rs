@@ -529,7 +529,7 @@ Live line, once a second: [elapsed phase] consumed, goodput, queued, running, he
   queued     messages waiting in triage's queue
   running    handlers running / the current concurrency limit
   held       messages held by backpressure (their tier is refused and its policy is to wait)
-  refusing   tiers refused by queue-age admission, lowest first (0 of 4 = all admitted)
+  refusing   tiers refused by admission (arrival beyond capacity), lowest first (0 of 4 = all admitted)
   deferred   messages per second published to the defer store (drained back when load falls)";
 
 /// Prints the live line at most every `every`, with rates since the previous line.

@@ -35,7 +35,7 @@ Live line, once a second: [elapsed] consumed, goodput, queued, running, held, re
   queued     messages waiting in triage's queue
   running    handlers running / the current concurrency limit
   held       messages held by backpressure (their tier is refused and its policy is to wait)
-  refusing   tiers refused by queue-age admission, lowest first (0 of 4 = all admitted)
+  refusing   tiers refused by admission (arrival beyond capacity), lowest first (0 of 4 = all admitted)
   deferred   messages per second published to <queue>.deferred (drained back when load falls)";
 
 #[derive(Debug, Parser)]
