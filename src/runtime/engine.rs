@@ -597,7 +597,18 @@ impl<T: Send + Sync + 'static> Inner<T> {
         // The mask admitted this tier; another worker may have taken the last slot since.
         // With work-conserving shares a tier may borrow an idle slot beyond its share; else it
         // waits for a slot within its share.
-        let permit = match self.limit.try_acquire(tier).or_else(|| self.borrow(tier)) {
+        // The pop already applied the work-conserving rule: a worker holding a popped item
+        // borrows an idle slot rather than sitting on the item until its tier's share frees.
+        let permit = match self
+            .limit
+            .try_acquire(tier)
+            .or_else(|| self.borrow(tier))
+            .or_else(|| {
+                self.config
+                    .work_conserving
+                    .then(|| self.limit.try_acquire_up_to(tier, self.limit.limit()))
+                    .flatten()
+            }) {
             Some(p) => p,
             None => self.limit.acquire(tier).await,
         };
