@@ -299,16 +299,6 @@ impl<T: Send + Sync + 'static> Inner<T> {
             .as_nanos() as u64
     }
 
-    /// A slot for a `tier` job beyond its share of the limit, while no higher tier has work
-    /// waiting (work-conserving shares); `None` when it may not borrow or no slot is idle.
-    fn borrow(&self, tier: Criticality) -> Option<crate::limit::Permit> {
-        if self.config.work_conserving && self.higher_tiers_quiet(tier) {
-            self.limit.try_acquire_up_to(tier, self.limit.limit())
-        } else {
-            None
-        }
-    }
-
     /// Whether no tier above `tier` has work queued now, nor had any queued within
     /// `share_reserve_ms` (0: only "now" counts).
     fn higher_tiers_quiet(&self, tier: Criticality) -> bool {
@@ -597,18 +587,14 @@ impl<T: Send + Sync + 'static> Inner<T> {
         // The mask admitted this tier; another worker may have taken the last slot since.
         // With work-conserving shares a tier may borrow an idle slot beyond its share; else it
         // waits for a slot within its share.
-        // The pop already applied the work-conserving rule: a worker holding a popped item
-        // borrows an idle slot rather than sitting on the item until its tier's share frees.
-        let permit = match self
-            .limit
-            .try_acquire(tier)
-            .or_else(|| self.borrow(tier))
-            .or_else(|| {
-                self.config
-                    .work_conserving
-                    .then(|| self.limit.try_acquire_up_to(tier, self.limit.limit()))
-                    .flatten()
-            }) {
+        // The pop already applied the work-conserving rule (`worker_mask`): a worker holding a
+        // popped item borrows an idle slot rather than sitting on it until its share frees.
+        let permit = match self.limit.try_acquire(tier).or_else(|| {
+            self.config
+                .work_conserving
+                .then(|| self.limit.try_acquire_up_to(tier, self.limit.limit()))
+                .flatten()
+        }) {
             Some(p) => p,
             None => self.limit.acquire(tier).await,
         };
