@@ -53,6 +53,25 @@ pub const ORIGIN_OFFSET: &str = "triage-origin-offset";
 /// RabbitMQ: the queue the copy was consumed from.
 pub const ORIGIN_QUEUE: &str = "triage-origin-queue";
 
+/// HTTP and gRPC: an id the caller gives each logical request and keeps across its retries, so
+/// that a service can count how many shed requests come back (the retry-reappearance ratio of
+/// `triage-tower`). The de facto name; triage never writes it on a broker message.
+pub const REQUEST_ID: &str = "x-request-id";
+/// gRPC: the caller's timeout, relative (see [`parse_grpc_timeout`]). Read by `triage-tower` as
+/// a request's deadline when [`DEADLINE_MS`] is absent.
+pub const GRPC_TIMEOUT: &str = "grpc-timeout";
+/// gRPC: the status code of a response, decimal (`14` UNAVAILABLE, `8` RESOURCE_EXHAUSTED).
+pub const GRPC_STATUS: &str = "grpc-status";
+/// gRPC: the human-readable message of a non-OK status.
+pub const GRPC_MESSAGE: &str = "grpc-message";
+/// HTTP: how long the caller should wait before it tries again, in whole seconds (RFC 9110
+/// section 10.2.3; see [`parse_retry_after`] and [`format_retry_after`]).
+pub const RETRY_AFTER: &str = "retry-after";
+
+/// The longest [`RETRY_AFTER`] triage parses or writes: one day. A longer value is more likely
+/// corrupt than meant, and a client must not sleep for ever on it.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(86_400);
+
 /// Every header name triage writes. When a message is re-published, original headers with one
 /// of these names are replaced, never duplicated, so the first occurrence is the current one.
 pub const ALL: [&str; 10] = [
@@ -130,6 +149,55 @@ pub fn format_deadline_ms(deadline: SystemTime) -> String {
         .to_string()
 }
 
+/// Parses a [`GRPC_TIMEOUT`] value: 1 to 8 ASCII digits followed by a unit, `H` hours, `M`
+/// minutes, `S` seconds, `m` milliseconds, `u` microseconds or `n` nanoseconds (the gRPC over
+/// HTTP/2 specification). `None` for anything else.
+pub fn parse_grpc_timeout(value: &[u8]) -> Option<Duration> {
+    let value = value.trim_ascii();
+    let (&unit, digits) = value.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n = digits
+        .iter()
+        .fold(0u64, |n, &b| n * 10 + u64::from(b - b'0'));
+    Some(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// Parses a [`RETRY_AFTER`] value in its delta-seconds form (`"3"`): `None` for an HTTP-date
+/// (which triage never writes) or anything else; values above [`MAX_RETRY_AFTER`] are capped
+/// to it.
+pub fn parse_retry_after(value: &[u8]) -> Option<Duration> {
+    let digits = value.trim_ascii();
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    // Past 6 digits the value is above the cap anyway; no need to parse it.
+    if digits.len() > 6 {
+        return Some(MAX_RETRY_AFTER);
+    }
+    let secs = digits
+        .iter()
+        .fold(0u64, |n, &b| n * 10 + u64::from(b - b'0'));
+    Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER))
+}
+
+/// Formats a wait as a [`RETRY_AFTER`] value: whole seconds, rounded up (a client told `0`
+/// would come back at once), at least 1 and at most [`MAX_RETRY_AFTER`].
+pub fn format_retry_after(wait: Duration) -> String {
+    let wait = wait.min(MAX_RETRY_AFTER);
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    secs.max(1).to_string()
+}
+
 /// `text` cut to at most [`MAX_ERROR_BYTES`] bytes on a UTF-8 character boundary, for the
 /// [`ERROR`] header.
 pub fn bound_error(text: &str) -> &str {
@@ -167,6 +235,46 @@ mod tests {
         let t = UNIX_EPOCH + Duration::from_millis(1_234);
         assert_eq!(format_deadline_ms(t), "1234");
         assert_eq!(parse_deadline_ms(format_deadline_ms(t).as_bytes()), Some(t));
+    }
+
+    #[test]
+    fn grpc_timeouts() {
+        assert_eq!(
+            parse_grpc_timeout(b"250m"),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(parse_grpc_timeout(b"2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_grpc_timeout(b"1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout(b"3M"), Some(Duration::from_secs(180)));
+        assert_eq!(parse_grpc_timeout(b"7u"), Some(Duration::from_micros(7)));
+        assert_eq!(
+            parse_grpc_timeout(b"99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+        assert_eq!(parse_grpc_timeout(b"123456789m"), None, "at most 8 digits");
+        assert_eq!(parse_grpc_timeout(b"m"), None);
+        assert_eq!(parse_grpc_timeout(b"10"), None, "a unit is required");
+        assert_eq!(parse_grpc_timeout(b"10x"), None);
+        assert_eq!(parse_grpc_timeout(b"-1S"), None);
+    }
+
+    #[test]
+    fn retry_after() {
+        assert_eq!(parse_retry_after(b" 3 "), Some(Duration::from_secs(3)));
+        assert_eq!(parse_retry_after(b"0"), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after(b"99999999999"), Some(MAX_RETRY_AFTER));
+        assert_eq!(parse_retry_after(b"Wed, 21 Oct 2015 07:28:00 GMT"), None);
+        assert_eq!(parse_retry_after(b""), None);
+        assert_eq!(format_retry_after(Duration::from_millis(1)), "1");
+        assert_eq!(format_retry_after(Duration::ZERO), "1");
+        assert_eq!(format_retry_after(Duration::from_millis(2_001)), "3");
+        assert_eq!(format_retry_after(Duration::from_secs(2)), "2");
+        assert_eq!(format_retry_after(Duration::MAX), "86400");
+        let wait = Duration::from_secs(7);
+        assert_eq!(
+            parse_retry_after(format_retry_after(wait).as_bytes()),
+            Some(wait)
+        );
     }
 
     #[test]

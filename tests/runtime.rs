@@ -1046,3 +1046,31 @@ async fn the_dead_letter_path_is_bounded_by_max_dead_lettering() {
     let acks = broker.acks();
     assert_eq!((acks.released, acks.completed), (3, 0), "{acks:?}");
 }
+
+/// Issue 13: a slot held outside the runtime through `Runtime::concurrency_limit` (an HTTP
+/// request, say) is one the workers cannot use, and its release wakes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_held_outside_is_shared_capacity() {
+    use triage::runtime::{Ack, Envelope};
+    let mut c = config(1, 16);
+    c.policy = PerTier::splat(RefusalPolicy::Backpressure);
+    let rt = Runtime::builder(c)
+        .start(|_job: Job<u32>| async { Ok(()) })
+        .unwrap();
+    let limit = rt.concurrency_limit();
+    assert_eq!(limit.limit(), 1);
+    let outside = limit.try_acquire(Criticality::Critical).unwrap();
+    rt.try_submit(Envelope::new(7, Criticality::Critical, Ack::noop()))
+        .unwrap();
+    // However long the worker gets, the one slot is taken: nothing can complete.
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(rt.stats().ledger.total().completed, 0);
+    }
+    assert_eq!(rt.stats().running, 1);
+    drop(outside);
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(report.stats.ledger.total().completed, 1, "{report}");
+    assert!(report.stats.balances(), "{report}");
+}

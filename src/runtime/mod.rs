@@ -378,6 +378,18 @@ impl<T: Send + Sync + 'static> Runtime<T> {
         }
     }
 
+    /// The concurrency limit this runtime's workers take their slots from: a handle to the
+    /// same state (cloning it is one `Arc`), so that other work in the process, such as the
+    /// requests of an HTTP or gRPC entry (`triage-tower`), draws on the same capacity. A slot
+    /// held outside is one the workers cannot use; each tier's share applies to the sum, and a
+    /// release wakes waiters of either side, most critical tier first.
+    ///
+    /// Work admitted this way is not seen by the runtime's pull-based admission except through
+    /// the slots it holds: the capacity it estimates is the workers' own.
+    pub fn concurrency_limit(&self) -> ConcurrencyLimit {
+        self.inner.limit.clone()
+    }
+
     /// The accounting right now.
     pub fn stats(&self) -> RuntimeStats {
         stats_of(&self.inner)
