@@ -64,6 +64,9 @@ pub const GRPC_TIMEOUT: &str = "grpc-timeout";
 pub const GRPC_STATUS: &str = "grpc-status";
 /// gRPC: the human-readable message of a non-OK status.
 pub const GRPC_MESSAGE: &str = "grpc-message";
+/// gRPC: the server's pushback, decimal milliseconds before the client may retry (gRPC's
+/// retry design, proposal A6); written beside [`RETRY_AFTER`] on a refused gRPC call.
+pub const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 /// HTTP: how long the caller should wait before it tries again, in whole seconds (RFC 9110
 /// section 10.2.3; see [`parse_retry_after`] and [`format_retry_after`]).
 pub const RETRY_AFTER: &str = "retry-after";

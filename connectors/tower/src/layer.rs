@@ -1,0 +1,374 @@
+//! The tower [`Layer`]: configuration, classification, gates, admission and the
+//! reappearance tracker, shared by every service it wraps.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::Response;
+use http_body_util::Full;
+use tower::Layer;
+use triage::limit::ConcurrencyLimit;
+use triage::quanta::{Clock, Instant};
+use triage::{ConfigError, Criticality, PerTier};
+
+use crate::classify::{self, Classifier};
+use crate::metrics::Handles;
+use crate::{EntryAdmission, Gate, Reappearance, Refusal, RefusalReason, TriageConfig};
+
+/// Where the id of a request comes from, for the reappearance tracker.
+type IdOf = Arc<dyn Fn(&Parts) -> Option<&[u8]> + Send + Sync>;
+
+/// A tower layer that admits requests through triage before the inner service runs.
+///
+/// For each request, from its head only (no body is read, nothing is authenticated first):
+///
+/// 1. a path in [`TriageConfig::never_shed`] goes straight to the inner service;
+/// 2. the [`Classifier`] gives its tier (demoted per retry) and the deadline comes from
+///    `triage-deadline-ms`, `grpc-timeout` or the tier's window;
+/// 3. each [`Gate`] may refuse it (a token bucket: 429; an open circuit: 503 with a longer
+///    `Retry-After`);
+/// 4. it takes a slot of the shared concurrency limit, at once when nobody waits, else it
+///    waits in the [`EntryAdmission`] queue (weighted-fair, bounded, queue-age cut-offs):
+///    refused at once when not admitted, refused when evicted, answered when its deadline
+///    passes, never served late;
+/// 5. the inner service runs holding the slot; its latency feeds the limit's algorithm.
+///
+/// Refusals are answered by [`Refusal::http_response`] (503 or 429, `Retry-After` with
+/// jitter, a JSON body) or, for `content-type: application/grpc`, by
+/// [`Refusal::grpc_response`]. Ids of shed requests (`x-request-id` by default) go to the
+/// [`Reappearance`] tracker.
+///
+/// # Examples
+///
+/// ```
+/// use std::convert::Infallible;
+/// use http::{Request, Response};
+/// use tower::{service_fn, Layer, Service, ServiceExt};
+/// use triage::limit::{ConcurrencyLimit, Fixed, TierShares};
+/// use triage::Criticality;
+/// use triage_tower::{Classifier, TriageConfig, TriageLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Share `runtime.concurrency_limit()` instead to draw on a worker runtime's capacity.
+/// let limit = ConcurrencyLimit::new(Fixed::new(8)?.into(), TierShares::default());
+/// let layer = TriageLayer::builder(TriageConfig::default(), limit)
+///     .classifier(Classifier::new().route("/checkout", Criticality::Critical))
+///     // A token bucket would go here; this one refuses everything on /limited.
+///     .gate(|_tier: Criticality, head: &http::request::Parts| {
+///         if head.uri.path() == "/limited" {
+///             return Err(triage_tower::GateRefusal::rate(None));
+///         }
+///         Ok(())
+///     })
+///     .build()?;
+/// let mut service = layer.layer(service_fn(|_req: Request<String>| async {
+///     Ok::<_, Infallible>(Response::new(String::from("served")))
+/// }));
+///
+/// let ok = service.ready().await?.call(Request::get("/checkout").body(String::new())?).await?;
+/// assert_eq!(ok.status(), 200);
+/// let refused = service.ready().await?.call(Request::get("/limited").body(String::new())?).await?;
+/// assert_eq!(refused.status(), 429);
+/// assert!(refused.headers().contains_key("retry-after"));
+/// assert_eq!(layer.stats().served[Criticality::Critical], 1);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct TriageLayer {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for TriageLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TriageLayer")
+            .field("config", &self.shared.config)
+            .field("classifier", &self.shared.classifier)
+            .field("gates", &self.shared.gates.len())
+            .field("admission", &self.shared.admission)
+            .finish()
+    }
+}
+
+/// Builds a [`TriageLayer`].
+#[must_use]
+pub struct TriageLayerBuilder {
+    config: TriageConfig,
+    limit: ConcurrencyLimit,
+    classifier: Classifier,
+    gates: Vec<Arc<dyn Gate>>,
+    id_of: Option<IdOf>,
+    clock: Clock,
+}
+
+impl std::fmt::Debug for TriageLayerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TriageLayerBuilder")
+            .field("config", &self.config)
+            .field("classifier", &self.classifier)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TriageLayerBuilder {
+    /// Classifies requests with `classifier` (default: nothing trusted, no routes, so every
+    /// request gets [`TriageConfig::default_tier`]).
+    pub fn classifier(mut self, classifier: Classifier) -> Self {
+        self.classifier = classifier;
+        self
+    }
+
+    /// Adds a gate, run after classification and before waiting for a slot.
+    pub fn gate(mut self, gate: impl Gate) -> Self {
+        self.gates.push(Arc::new(gate));
+        self
+    }
+
+    /// Takes the reappearance id from `id_of` (a client key, an API token's hash) instead of
+    /// the `x-request-id` header; `None` from it means the request is not tracked.
+    pub fn request_id(
+        mut self,
+        id_of: impl Fn(&Parts) -> Option<&[u8]> + Send + Sync + 'static,
+    ) -> Self {
+        self.id_of = Some(Arc::new(id_of));
+        self
+    }
+
+    /// Reads time from `clock` (deadlines, queue age, latency).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The layer.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field when the configuration is out of range
+    /// ([`TriageConfig::validate`]).
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (the entry queue spawns its dispatcher).
+    pub fn build(self) -> Result<TriageLayer, ConfigError> {
+        self.config.validate()?;
+        let admission =
+            EntryAdmission::with_clock(self.config.queue.clone(), self.limit, self.clock.clone())?;
+        let reappearance =
+            Reappearance::with_clock(self.config.reappearance, self.clock.clone()).with_metrics();
+        let id_of = self.id_of.unwrap_or_else(|| {
+            Arc::new(|head: &Parts| {
+                head.headers
+                    .get(triage::wire::REQUEST_ID)
+                    .map(|v| v.as_bytes())
+            })
+        });
+        let jitter_s = self.config.retry_after_jitter.as_secs();
+        Ok(TriageLayer {
+            shared: Arc::new(Shared {
+                never_shed: self.config.never_shed.clone(),
+                jitter_s,
+                config: self.config,
+                classifier: self.classifier,
+                gates: self.gates,
+                admission,
+                reappearance,
+                id_of,
+                metrics: Handles::register(),
+                counts: Counts::default(),
+                clock: self.clock,
+            }),
+        })
+    }
+}
+
+impl TriageLayer {
+    /// A builder admitting through `limit`: a new one, or a worker runtime's
+    /// ([`Runtime::concurrency_limit`](triage::runtime::Runtime::concurrency_limit)) so that
+    /// requests and background work share one capacity.
+    pub fn builder(config: TriageConfig, limit: ConcurrencyLimit) -> TriageLayerBuilder {
+        TriageLayerBuilder {
+            config,
+            limit,
+            classifier: Classifier::new(),
+            gates: Vec::new(),
+            id_of: None,
+            clock: Clock::new(),
+        }
+    }
+
+    /// Counts since the layer was built.
+    pub fn stats(&self) -> LayerStats {
+        self.shared.counts.snapshot()
+    }
+
+    /// The retry-reappearance tracker.
+    pub fn reappearance(&self) -> &Reappearance {
+        &self.shared.reappearance
+    }
+
+    /// The entry queue and its shared limit.
+    pub fn admission(&self) -> &EntryAdmission {
+        &self.shared.admission
+    }
+}
+
+impl<S> Layer<S> for TriageLayer {
+    type Service = crate::TriageService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        crate::TriageService {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// Counts of a layer's decisions since it was built, per tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LayerStats {
+    /// Requests served (the inner service ran).
+    pub served: PerTier<u64>,
+    /// Of those, the ones that finished within their deadline.
+    pub goodput: PerTier<u64>,
+    /// Refused requests by reason, indexed in [`RefusalReason::ALL`] order (capacity,
+    /// expired, rate, circuit).
+    pub refused: PerTier<[u64; 4]>,
+    /// Requests given the default tier.
+    pub unclassified: u64,
+    /// Requests on never-shed paths.
+    pub never_shed: u64,
+}
+
+impl LayerStats {
+    /// Refusals of `tier` for `reason`.
+    pub fn refused(&self, tier: Criticality, reason: RefusalReason) -> u64 {
+        self.refused[tier][reason.index()]
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Counts {
+    served: [AtomicU64; 4],
+    goodput: [AtomicU64; 4],
+    refused: [[AtomicU64; 4]; 4],
+    unclassified: AtomicU64,
+    never_shed: AtomicU64,
+}
+
+impl Counts {
+    fn snapshot(&self) -> LayerStats {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        LayerStats {
+            served: PerTier::from_fn(|t| load(&self.served[t.rank()])),
+            goodput: PerTier::from_fn(|t| load(&self.goodput[t.rank()])),
+            refused: PerTier::from_fn(|t| self.refused[t.rank()].each_ref().map(load)),
+            unclassified: load(&self.unclassified),
+            never_shed: load(&self.never_shed),
+        }
+    }
+}
+
+/// What every service of one layer shares.
+pub(crate) struct Shared {
+    pub(crate) config: TriageConfig,
+    never_shed: Vec<String>,
+    jitter_s: u64,
+    pub(crate) classifier: Classifier,
+    pub(crate) gates: Vec<Arc<dyn Gate>>,
+    pub(crate) admission: EntryAdmission,
+    pub(crate) reappearance: Reappearance,
+    id_of: IdOf,
+    pub(crate) metrics: Handles,
+    counts: Counts,
+    pub(crate) clock: Clock,
+}
+
+/// A request's facts, decided from its head.
+pub(crate) struct Decided {
+    pub(crate) tier: Criticality,
+    pub(crate) deadline: Instant,
+    pub(crate) id: Option<u64>,
+    pub(crate) grpc: bool,
+    pub(crate) started: Instant,
+}
+
+impl Shared {
+    pub(crate) fn is_never_shed(&self, head: &Parts) -> bool {
+        let path = head.uri.path();
+        if self.never_shed.iter().any(|p| p == path) {
+            self.counts.never_shed.fetch_add(1, Ordering::Relaxed);
+            self.metrics.never_shed.increment(1);
+            return true;
+        }
+        false
+    }
+
+    /// Classification, deadline, id (and its reappearance), from the head.
+    pub(crate) fn decide(&self, head: &Parts) -> Decided {
+        let started = self.clock.now();
+        let (tier, classified) = self.classifier.classify(head, self.config.default_tier);
+        if !classified {
+            self.counts.unclassified.fetch_add(1, Ordering::Relaxed);
+            self.metrics.unclassified.increment(1);
+        }
+        let id = (self.id_of)(head).map(|id| self.reappearance.hash(id));
+        if let Some(id) = id {
+            self.reappearance.arrived(id);
+        }
+        let window = classify::remaining(head).unwrap_or(self.config.tier_window[tier]);
+        Decided {
+            tier,
+            deadline: started + window,
+            id,
+            grpc: classify::is_grpc(head),
+            started,
+        }
+    }
+
+    /// The answer to a refused request, counted, its id remembered.
+    pub(crate) fn refuse(
+        &self,
+        d: &Decided,
+        reason: RefusalReason,
+        wait: Option<Duration>,
+    ) -> Response<Full<Bytes>> {
+        let least = self.config.retry_after.of(reason);
+        let wait = wait.map_or(least, |w| w.max(least));
+        let jitter = Duration::from_secs(fastrand::u64(0..=self.jitter_s));
+        let refusal = Refusal::new(reason, d.tier, wait + jitter);
+        let rank = d.tier.rank();
+        self.counts.refused[rank][reason.index()].fetch_add(1, Ordering::Relaxed);
+        self.metrics.refused[rank][reason.index()].increment(1);
+        if let Some(id) = d.id {
+            self.reappearance.shed(id, d.tier);
+        }
+        let response = if d.grpc {
+            refusal.grpc_response()
+        } else {
+            refusal.http_response()
+        };
+        let elapsed = self.clock.now().saturating_duration_since(d.started);
+        self.metrics.refused_seconds[rank].record(elapsed.as_secs_f64());
+        response
+    }
+
+    /// Records a served request that finished at `finished`.
+    pub(crate) fn served(&self, tier: Criticality, deadline: Instant, started: Instant) {
+        let finished = self.clock.now();
+        let rank = tier.rank();
+        self.counts.served[rank].fetch_add(1, Ordering::Relaxed);
+        self.metrics.served[rank].increment(1);
+        if finished <= deadline {
+            self.counts.goodput[rank].fetch_add(1, Ordering::Relaxed);
+            self.metrics.goodput[rank].increment(1);
+        }
+        self.metrics.served_seconds[rank]
+            .record(finished.saturating_duration_since(started).as_secs_f64());
+    }
+}

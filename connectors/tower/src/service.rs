@@ -1,0 +1,218 @@
+//! The tower [`Service`] a [`TriageLayer`](crate::TriageLayer) wraps around an inner service,
+//! and its response future.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{Either, Full};
+use pin_project_lite::pin_project;
+use tower::Service;
+use triage::limit::Permit;
+use triage::quanta::Instant;
+use triage::Criticality;
+
+use crate::layer::Shared;
+use crate::RefusalReason;
+
+/// The response body of a [`TriageService`]: the inner service's body when served, a short
+/// JSON body (empty for gRPC) when refused.
+pub type TriageBody<B> = Either<B, Full<Bytes>>;
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// A service admitted through triage: see [`TriageLayer`](crate::TriageLayer) for what it
+/// decides and in what order.
+pub struct TriageService<S> {
+    pub(crate) inner: S,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl<S: Clone> Clone for TriageService<S> {
+    fn clone(&self) -> Self {
+        TriageService {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S> std::fmt::Debug for TriageService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TriageService").finish_non_exhaustive()
+    }
+}
+
+/// A request holding a slot: releases it with a latency sample when the inner service
+/// answers, and counts the request served (and within its deadline or not). Dropped first
+/// (the client went away), it releases the slot without a sample.
+struct Slot {
+    permit: Permit,
+    granted: Instant,
+    tier: Criticality,
+    deadline: Instant,
+    started: Instant,
+    shared: Arc<Shared>,
+}
+
+impl Slot {
+    fn finish(self) {
+        let latency = self
+            .shared
+            .clock
+            .now()
+            .saturating_duration_since(self.granted);
+        let _ = self.permit.record(latency, false);
+        self.shared.served(self.tier, self.deadline, self.started);
+    }
+}
+
+pin_project! {
+    /// The response future of a [`TriageService`].
+    pub struct ResponseFuture<F, B, E> {
+        #[pin]
+        kind: Kind<F, B, E>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<F, B, E> {
+        // Answered at once: no slot, the inner service not called.
+        Refused { response: Option<Response<Full<Bytes>>> },
+        // A never-shed path.
+        Direct { #[pin] fut: F },
+        // Admitted at once, holding its slot.
+        Served { #[pin] fut: F, slot: Option<Slot> },
+        // Waiting for a slot, then served or refused.
+        Waiting { fut: BoxFuture<Result<Response<TriageBody<B>>, E>> },
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<TriageBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Refused { response } => match response.take() {
+                Some(r) => Poll::Ready(Ok(r.map(Either::Right))),
+                None => panic!("ResponseFuture polled after completion"),
+            },
+            KindProj::Direct { fut } => fut.poll(cx).map_ok(|r| r.map(Either::Left)),
+            KindProj::Served { fut, slot } => {
+                let out = std::task::ready!(fut.poll(cx));
+                if let Some(slot) = slot.take() {
+                    slot.finish();
+                }
+                Poll::Ready(out.map(|r| r.map(Either::Left)))
+            }
+            KindProj::Waiting { fut } => fut.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<F, B, E> ResponseFuture<F, B, E> {
+    fn refused(response: Response<Full<Bytes>>) -> Self {
+        ResponseFuture {
+            kind: Kind::Refused {
+                response: Some(response),
+            },
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for TriageService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = Response<TriageBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let shared = &self.shared;
+        let (head, body) = request.into_parts();
+        if shared.is_never_shed(&head) {
+            return ResponseFuture {
+                kind: Kind::Direct {
+                    fut: self.inner.call(Request::from_parts(head, body)),
+                },
+            };
+        }
+        let d = shared.decide(&head);
+        for gate in &shared.gates {
+            if let Err(g) = gate.check(d.tier, &head) {
+                return ResponseFuture::refused(shared.refuse(&d, g.reason, g.retry_after));
+            }
+        }
+        if d.deadline <= d.started {
+            return ResponseFuture::refused(shared.refuse(&d, RefusalReason::Expired, None));
+        }
+        if let Some(permit) = shared.admission.try_now(d.tier) {
+            let slot = Slot {
+                permit,
+                granted: shared.clock.now(),
+                tier: d.tier,
+                deadline: d.deadline,
+                started: d.started,
+                shared: Arc::clone(shared),
+            };
+            return ResponseFuture {
+                kind: Kind::Served {
+                    fut: self.inner.call(Request::from_parts(head, body)),
+                    slot: Some(slot),
+                },
+            };
+        }
+        let wait = match shared.admission.start_wait(d.tier, Some(d.deadline)) {
+            Ok(wait) => wait,
+            Err(reason) => return ResponseFuture::refused(shared.refuse(&d, reason, None)),
+        };
+        // The service made ready by `poll_ready` goes with the request; a clone stays.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(shared);
+        ResponseFuture {
+            kind: Kind::Waiting {
+                fut: Box::pin(async move {
+                    match wait.await {
+                        Ok(permit) => {
+                            let slot = Slot {
+                                permit,
+                                granted: shared.clock.now(),
+                                tier: d.tier,
+                                deadline: d.deadline,
+                                started: d.started,
+                                shared: Arc::clone(&shared),
+                            };
+                            let out = inner.call(Request::from_parts(head, body)).await;
+                            slot.finish();
+                            out.map(|r| r.map(Either::Left))
+                        }
+                        Err(reason) => Ok(shared.refuse(&d, reason, None).map(Either::Right)),
+                    }
+                }),
+            },
+        }
+    }
+}
