@@ -9,6 +9,7 @@
 //!   newest item of the lowest tier when full, deadline expiry at dequeue.
 //! - [`admission`]: queue-age cut-offs per tier, with hysteresis.
 //! - [`limit`]: concurrency limits (fixed, AIMD, Gradient2) and each tier's share of them.
+//! - [`ordering`]: per-key (or per-partition) sequential processing, parallel across keys.
 //! - [`ledger`]: dispositions, per-tier counters, the per-partition acknowledgement watermark.
 //! - [`runtime`]: sources -> admission -> queue -> workers -> handler, refusal policies
 //!   (backpressure, defer, drop), retries with demotion, dead letters, graceful shutdown,
@@ -58,6 +59,7 @@ pub mod limit;
 mod loom;
 #[cfg(feature = "prometheus")]
 pub mod observe;
+pub mod ordering;
 pub mod queue;
 pub mod runtime;
 mod tier;

@@ -4,6 +4,7 @@
 
 use triage::ledger::{AckTracker, Ledger, LedgerSnapshot};
 use triage::limit::{ConcurrencyLimit, Limiter, Permit, TierShares};
+use triage::ordering::{Arrival, KeyGate, NullKeyOrdering, OrderingConfig, OrderingMode};
 use triage::queue::{Dequeued, Entry, Evictions, PushError, QueueStats, WfqConfig, WfqQueue};
 use triage::runtime::{
     Ack, Envelope, HandlerError, Job, MemoryBroker, MemorySink, MemorySource, Report, Runtime,
@@ -51,5 +52,10 @@ fn public_types_are_send_and_sync() {
     send_sync::<RuntimeConfig>();
     send_sync::<RuntimeStats>();
     send_sync::<Report>();
+    send_sync::<OrderingMode>();
+    send_sync::<NullKeyOrdering>();
+    send_sync::<OrderingConfig>();
+    send_sync::<KeyGate<Cell>>();
+    send::<Arrival<Cell>>();
     let _ = sync::<Criticality>;
 }

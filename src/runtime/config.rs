@@ -204,6 +204,12 @@ pub struct RuntimeConfig {
     /// held High messages and served 34.8% of Critical in time; at 4096, 97.2%.)
     #[serde(deserialize_with = "crate::config_de::count::<_, 100_000>")]
     pub max_held: NonZeroUsize,
+    /// Messages parked behind a busy key (sources in `key` or `partition` ordering mode, see
+    /// [`crate::ordering`]), across the runtime: a bound of their own, apart from the queue's
+    /// capacity. When the key gate holds this many, every intake pauses its source, as a full
+    /// held buffer does, until keys complete. Allowed `1..=1_000_000`. Default `10_000`.
+    #[serde(deserialize_with = "crate::config_de::count::<_, 1_000_000>")]
+    pub max_parked: NonZeroUsize,
     /// How often a held (backpressured) message is retried when nothing else wakes it, and how
     /// often gauges are sampled, in milliseconds. Allowed `1..=60_000`. Default `5`.
     pub poll_interval_ms: u64,
@@ -231,6 +237,7 @@ impl Default for RuntimeConfig {
             max_dead_lettering: NonZeroUsize::new(64).unwrap_or(NonZeroUsize::MIN),
             defer_cooldown_ms: 1000,
             max_held: NonZeroUsize::new(4096).unwrap_or(NonZeroUsize::MIN),
+            max_parked: NonZeroUsize::new(10_000).unwrap_or(NonZeroUsize::MIN),
             poll_interval_ms: 5,
         }
     }
@@ -326,6 +333,13 @@ impl RuntimeConfig {
         }
         if self.max_held.get() > 100_000 {
             return Err(ConfigError::new("max_held", self.max_held, "1..=100000"));
+        }
+        if self.max_parked.get() > 1_000_000 {
+            return Err(ConfigError::new(
+                "max_parked",
+                self.max_parked,
+                "1..=1000000",
+            ));
         }
         if !(1..=3_600_000).contains(&self.defer_cooldown_ms) {
             return Err(ConfigError::new(

@@ -14,6 +14,7 @@ use tokio_util::task::TaskTracker;
 use crate::admission::{admits_at, PullAdmission, PullSample};
 use crate::ledger::Disposition;
 use crate::limit::ConcurrencyLimit;
+use crate::ordering::{Arrival, KeyGate};
 use crate::queue::{Dequeued, Meta, RefuseReason, Removed, TierMask, TryPopError, WfqQueue};
 use crate::runtime::item::{Accounts, Item};
 use crate::runtime::metrics::{reason_index, EVICTED};
@@ -114,6 +115,9 @@ pub(crate) struct Inner<T> {
     pub(crate) pushed_seen: std::sync::atomic::AtomicBool,
     /// When each tier (rank) last had an item queued, ns since `origin` (0: never).
     pub(crate) last_work_ns: [AtomicU64; 4],
+    /// The key gate of ordered sources: keyed messages past it are inside the runtime, the
+    /// later ones of a busy key wait in it (see `crate::ordering`).
+    pub(crate) gate: KeyGate<Item<T>>,
 }
 
 /// What became of an offered item.
@@ -128,8 +132,10 @@ pub(crate) enum Offer<T> {
 }
 
 impl<T: Send + Sync + 'static> Inner<T> {
-    /// Records the disposition (observer, ledger, ack), exactly once per message.
-    fn settle(&self, item: Item<T>, disposition: Disposition) {
+    /// Records the disposition (observer, ledger, ack), exactly once per message; for a keyed
+    /// message, then lets the next message of its key through the gate.
+    fn settle(self: &Arc<Self>, item: Item<T>, disposition: Disposition) {
+        let key = item.key;
         if let Some(observe) = &self.observer {
             let observed = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 observe(item.payload(), item.original, disposition)
@@ -141,11 +147,91 @@ impl<T: Send + Sync + 'static> Inner<T> {
             }
         }
         item.settle(disposition);
+        if let Some(key) = key {
+            self.release_key(key);
+        }
+    }
+
+    /// A message taken from a source or a producer meets the key gate: `Some` to go on (not
+    /// keyed, or the first of its key inside), `None` when parked behind its key (or released,
+    /// the gate being closed at shutdown).
+    pub(crate) fn pass_gate(&self, item: Item<T>) -> Option<Item<T>> {
+        let Some(key) = item.key else {
+            return Some(item);
+        };
+        match self.gate.arrive(key, item, self.clock.recent()) {
+            Arrival::Admitted(item) => Some(item),
+            Arrival::Parked => None,
+            // Shutting down: released unacknowledged, with the rest of its key.
+            Arrival::Closed(item) => {
+                drop(item);
+                None
+            }
+        }
+    }
+
+    /// The message of `key` inside the runtime has its disposition: offers the next one parked
+    /// behind it. Settling that one (expired while parked, shed by its policy) releases the
+    /// next in turn; a thread-local work list turns that recursion into a loop, so a long run
+    /// of shed messages of one key never deepens the stack.
+    fn release_key(self: &Arc<Self>, key: u64) {
+        thread_local! {
+            static RELEASING: std::cell::RefCell<Option<Vec<u64>>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        /// Ends the release loop even if an offer panics, so later releases are not taken
+        /// for nested ones.
+        struct Done;
+        impl Drop for Done {
+            fn drop(&mut self) {
+                RELEASING.with(|r| *r.borrow_mut() = None);
+            }
+        }
+        let nested = RELEASING.with(|r| {
+            let mut r = r.borrow_mut();
+            match r.as_mut() {
+                Some(pending) => {
+                    pending.push(key);
+                    true
+                }
+                None => {
+                    *r = Some(Vec::new());
+                    false
+                }
+            }
+        });
+        if nested {
+            return;
+        }
+        let _done = Done;
+        let mut next = Some(key);
+        while let Some(key) = next {
+            self.release_one(key);
+            next = RELEASING.with(|r| r.borrow_mut().as_mut().and_then(Vec::pop));
+        }
+    }
+
+    fn release_one(self: &Arc<Self>, key: u64) {
+        let Some((item, parked_at)) = self.gate.release_next_waited(key) else {
+            return;
+        };
+        let now = self.clock.recent();
+        self.accounts
+            .metrics
+            .ordering_wait
+            .record(now.saturating_duration_since(parked_at).as_secs_f64());
+        if item.deadline.is_some_and(|d| d <= now) {
+            return self.expire(item);
+        }
+        match self.offer(item) {
+            Offer::Taken => {}
+            Offer::Hold(held) | Offer::Evicted(held) => self.hold_in_task(held),
+        }
     }
 
     /// A message whose deadline passed before it could be queued (held by backpressure, or
     /// waiting to retry): as useless as one expired in the queue, and settled the same way.
-    pub(crate) fn expire(&self, item: Item<T>) {
+    pub(crate) fn expire(self: &Arc<Self>, item: Item<T>) {
         self.accounts.metrics.tiers[item.original]
             .expired
             .increment(1);
@@ -159,7 +245,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
     }
 
     /// A message pulled past its deadline: expired before it is queued, counted apart.
-    pub(crate) fn expire_at_intake(&self, item: Item<T>) {
+    pub(crate) fn expire_at_intake(self: &Arc<Self>, item: Item<T>) {
         self.accounts.metrics.tiers[item.original]
             .expired_at_intake
             .increment(1);
@@ -349,6 +435,9 @@ impl<T: Send + Sync + 'static> Inner<T> {
 
     fn policy(&self, item: &Item<T>) -> RefusalPolicy {
         match self.config.policy[item.tier()] {
+            // A deferred copy would be served after the later messages of its key: a keyed
+            // message is held instead, and its key waits behind it (`crate::ordering`).
+            RefusalPolicy::Defer if item.key.is_some() => RefusalPolicy::Backpressure,
             // Deferred often enough: it waits (in its topic, or held) until served or expired,
             // rather than bouncing between the topics.
             RefusalPolicy::Defer if item.deferrals >= self.config.max_deferrals => {
@@ -698,7 +787,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         });
     }
 
-    fn fail(&self, item: Item<T>) {
+    fn fail(self: &Arc<Self>, item: Item<T>) {
         self.accounts.metrics.tiers[item.original]
             .failed
             .increment(1);
@@ -839,6 +928,10 @@ impl<T: Send + Sync + 'static> Inner<T> {
             m.held.set(self.held.load(Ordering::Relaxed) as f64);
             m.dead_letters_held
                 .set(self.dead_letters_held.load(Ordering::Relaxed) as f64);
+            m.ordering_keys.set(self.gate.keys_in_flight() as f64);
+            m.ordering_parked.set(self.gate.parked() as f64);
+            m.ordering_longest_wait
+                .set(self.gate.longest_wait(self.clock.now()).as_secs_f64());
         }
     }
 
@@ -859,9 +952,13 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// Queued items at shutdown: deferred where their policy says so (and the sink is up),
     /// otherwise released unacknowledged for redelivery.
     pub(crate) fn drain_queue(self: &Arc<Self>) {
+        // Parked messages are released with the queued ones: none may run ahead of the
+        // earlier message of its key, which is released or still running.
+        drop(self.gate.close());
         for e in self.queue.close() {
             let item = e.into_inner();
-            let defer = item.deferrals < self.config.max_deferrals
+            let defer = item.key.is_none()
+                && item.deferrals < self.config.max_deferrals
                 && self.defer.is_some()
                 && self.config.policy[item.tier()] == RefusalPolicy::Defer
                 && self.defer_healthy();

@@ -39,6 +39,10 @@ pub struct Envelope<T> {
     pub size_bytes: usize,
     /// The acknowledgement handle, resolved once with the message's disposition.
     pub ack: Ack,
+    /// Messages with the same ordering key are processed one at a time, in the order the
+    /// runtime receives them (see [`crate::ordering`]); `None` (the default) is unordered. Set
+    /// by the source from its [`OrderingConfig`](crate::ordering::OrderingConfig).
+    pub ordering_key: Option<u64>,
 }
 
 impl<T> Envelope<T> {
@@ -52,6 +56,7 @@ impl<T> Envelope<T> {
             deadline: None,
             size_bytes: 0,
             ack,
+            ordering_key: None,
         }
     }
 
@@ -73,6 +78,21 @@ impl<T> Envelope<T> {
     #[must_use]
     pub fn with_size_bytes(mut self, size_bytes: usize) -> Self {
         self.size_bytes = size_bytes;
+        self
+    }
+
+    /// Sets the ordering key: messages with the same key are processed one at a time, in order
+    /// (see [`crate::ordering`]).
+    #[must_use]
+    pub fn with_ordering_key(mut self, key: u64) -> Self {
+        self.ordering_key = Some(key);
+        self
+    }
+
+    /// Sets or clears the ordering key (`None`: unordered).
+    #[must_use]
+    pub fn with_ordering_key_opt(mut self, key: Option<u64>) -> Self {
+        self.ordering_key = key;
         self
     }
 

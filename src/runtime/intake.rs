@@ -22,7 +22,9 @@
 //! wait in the broker past their deadlines (head-of-line blocking). So the intake keeps pulling
 //! while it holds fewer than `max_held` messages, re-offers the held ones oldest first, and
 //! pauses the source only when that buffer is full. Memory stays bounded: at most
-//! `capacity + in flight + max_held` messages per runtime and source.
+//! `capacity + in flight + max_held` messages per runtime and source, plus `max_parked` per
+//! runtime behind busy ordering keys (`crate::ordering`): the intake pauses its source while
+//! the key gate holds that many.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -179,6 +181,7 @@ pub(crate) async fn run<S: Source>(
 {
     let mut held: Held<S::Payload> = Held::new();
     let max_held = inner.config.max_held.get();
+    let max_parked = inner.config.max_parked.get();
     let mut paused = false;
     let poll = inner.poll_interval();
     let mut finished = false;
@@ -196,7 +199,8 @@ pub(crate) async fn run<S: Source>(
         if held.sweep_due(&inner) {
             held.sweep(&inner);
         }
-        let full = held.items.len() >= max_held;
+        // Parked messages (behind a busy ordering key) have a bound of their own.
+        let full = held.items.len() >= max_held || inner.gate.parked() >= max_parked;
         if full != paused {
             if full {
                 source.pause();
@@ -266,6 +270,10 @@ pub(crate) async fn run<S: Source>(
             inner.expire_at_intake(item);
             continue;
         }
+        // Behind a busy key: parked, offered when the key's earlier message is settled.
+        let Some(item) = inner.pass_gate(item) else {
+            continue;
+        };
         held.offer_new(&inner, item);
     }
     inner

@@ -52,6 +52,9 @@ pub(crate) struct Item<T> {
     pub(crate) refused_before: bool,
     /// Already counted as admitted: a message evicted and queued again counts once.
     pub(crate) admitted_before: bool,
+    /// Its ordering key (see `crate::ordering`): while it is inside the runtime past the key
+    /// gate, the later messages of its key wait in the gate.
+    pub(crate) key: Option<u64>,
     ack: Option<Ack>,
     accounts: Arc<Accounts>,
 }
@@ -72,6 +75,7 @@ impl<T> Item<T> {
             pushed: false,
             refused_before: false,
             admitted_before: false,
+            key: env.ordering_key,
             ack: Some(env.ack),
             accounts: Arc::clone(accounts),
         }
@@ -130,6 +134,7 @@ impl<T> Item<T> {
             deadline: self.deadline,
             size_bytes: self.size_bytes,
             ack,
+            ordering_key: self.key,
         })
     }
 

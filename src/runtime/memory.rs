@@ -175,6 +175,30 @@ impl<T: Send + 'static> MemoryBroker<T> {
         size_bytes: usize,
         deferrals: u32,
     ) -> u64 {
+        self.append(payload, criticality, deadline, size_bytes, deferrals, None)
+    }
+
+    /// Appends a message with an ordering key: the runtime processes the messages of one key
+    /// one at a time, in publish order (see [`crate::ordering`]); returns its sequence number.
+    pub fn publish_keyed(
+        &self,
+        payload: T,
+        criticality: Criticality,
+        deadline: Option<Instant>,
+        key: u64,
+    ) -> u64 {
+        self.append(payload, criticality, deadline, 0, 0, Some(key))
+    }
+
+    fn append(
+        &self,
+        payload: T,
+        criticality: Criticality,
+        deadline: Option<Instant>,
+        size_bytes: usize,
+        deferrals: u32,
+        key: Option<u64>,
+    ) -> u64 {
         let seq = {
             let mut st = self.inner.state.lock();
             let seq = st.states.len() as u64;
@@ -191,7 +215,8 @@ impl<T: Send + 'static> MemoryBroker<T> {
             let env = Envelope::new(payload, criticality, ack)
                 .with_deadline_opt(deadline)
                 .with_size_bytes(size_bytes)
-                .with_deferrals(deferrals);
+                .with_deferrals(deferrals)
+                .with_ordering_key_opt(key);
             st.log.push_back(env);
             self.inner
                 .backlog

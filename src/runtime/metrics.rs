@@ -38,6 +38,10 @@
 //! | `triage_in_flight` | gauge | | handlers running |
 //! | `triage_concurrency_limit` | gauge | | current concurrency limit |
 //! | `triage_held` | gauge | | messages held by backpressure |
+//! | `triage_ordering_keys_in_flight` | gauge | | ordering keys with a message inside the runtime (queued, held, running, retrying) |
+//! | `triage_ordering_parked` | gauge | | messages waiting behind a busy key in the key gate |
+//! | `triage_ordering_longest_wait_seconds` | gauge | | how long the longest-waiting parked message has waited behind its key |
+//! | `triage_ordering_wait_seconds` | histogram | | time a message waited behind its key before the gate let it through |
 //! | `triage_sojourn_seconds` | histogram | tier | time from enqueue to dequeue |
 //! | `triage_handler_latency_seconds` | histogram | tier | handler run time |
 //! | `triage_reject_cost_seconds` | histogram | | cost of the admit-or-refuse decision for refused messages, sampled 1 in 1024 |
@@ -239,6 +243,26 @@ pub(crate) const HELD: Def = gauge_def(
     Some(Unit::Count),
     "Messages held by backpressure, waiting to be admitted.",
 );
+pub(crate) const ORDERING_KEYS: Def = gauge_def(
+    "triage_ordering_keys_in_flight",
+    Some(Unit::Count),
+    "Ordering keys with a message inside the runtime (queued, held, running or retrying).",
+);
+pub(crate) const ORDERING_PARKED: Def = gauge_def(
+    "triage_ordering_parked",
+    Some(Unit::Count),
+    "Messages waiting behind a busy key in the key gate.",
+);
+pub(crate) const ORDERING_LONGEST_WAIT: Def = gauge_def(
+    "triage_ordering_longest_wait_seconds",
+    Some(Unit::Seconds),
+    "How long the longest-waiting parked message has waited behind its key, seconds.",
+);
+pub(crate) const ORDERING_WAIT: Def = seconds_histogram(
+    "triage_ordering_wait_seconds",
+    LATENCY_BUCKETS,
+    "Time a message waited behind its key before the key gate let it through, seconds.",
+);
 pub(crate) const SOJOURN: Def = seconds_histogram(
     "triage_sojourn_seconds",
     LATENCY_BUCKETS,
@@ -256,7 +280,7 @@ pub(crate) const REJECT_COST: Def = seconds_histogram(
 );
 
 /// Every metric the runtime records.
-pub(crate) const ALL: [&Def; 32] = [
+pub(crate) const ALL: [&Def; 36] = [
     &CONSUMED,
     &ADMITTED,
     &REFUSED,
@@ -286,6 +310,10 @@ pub(crate) const ALL: [&Def; 32] = [
     &IN_FLIGHT,
     &CONCURRENCY_LIMIT,
     &HELD,
+    &ORDERING_KEYS,
+    &ORDERING_PARKED,
+    &ORDERING_LONGEST_WAIT,
+    &ORDERING_WAIT,
     &SOJOURN,
     &HANDLER_LATENCY,
     &REJECT_COST,
@@ -365,6 +393,10 @@ pub(crate) struct Metrics {
     pub(crate) in_flight: Gauge,
     pub(crate) limit: Gauge,
     pub(crate) held: Gauge,
+    pub(crate) ordering_keys: Gauge,
+    pub(crate) ordering_parked: Gauge,
+    pub(crate) ordering_longest_wait: Gauge,
+    pub(crate) ordering_wait: Histogram,
     pub(crate) reject_cost: Histogram,
 }
 
@@ -409,6 +441,10 @@ impl Metrics {
             in_flight: gauge!(IN_FLIGHT.name),
             limit: gauge!(CONCURRENCY_LIMIT.name),
             held: gauge!(HELD.name),
+            ordering_keys: gauge!(ORDERING_KEYS.name),
+            ordering_parked: gauge!(ORDERING_PARKED.name),
+            ordering_longest_wait: gauge!(ORDERING_LONGEST_WAIT.name),
+            ordering_wait: histogram!(ORDERING_WAIT.name),
             reject_cost: histogram!(REJECT_COST.name),
         }
     }

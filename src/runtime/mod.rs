@@ -227,6 +227,7 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             room_waiters: Default::default(),
             last_work_ns: Default::default(),
             pushed_seen: Default::default(),
+            gate: crate::ordering::KeyGate::new(),
         });
         let mut worker_set = tokio::task::JoinSet::new();
         for _ in 0..workers {
@@ -346,7 +347,8 @@ impl<T: Send + Sync + 'static> Runtime<T> {
     /// - [`SubmitError::Overloaded`]: queue-age admission refuses the tier; nothing recorded
     ///   but the `triage_refused_total` counter.
     /// - [`SubmitError::Full`]: the queue is full with nothing lower to evict; the message was
-    ///   counted as consumed and then released.
+    ///   counted as consumed and then released. (A message with an ordering key is held
+    ///   instead, since the later messages of its key must not run before it: `Ok(())`.)
     /// - [`SubmitError::Closed`]: the runtime is shutting down.
     pub fn try_submit(&self, envelope: Envelope<T>) -> Result<(), SubmitError<T>> {
         let inner = &self.inner;
@@ -361,11 +363,21 @@ impl<T: Send + Sync + 'static> Runtime<T> {
         }
         let mut item = item::Item::consumed(envelope, &inner.accounts);
         item.pushed = true;
+        // Parked behind its key: taken, offered when the key's earlier message is settled.
+        let Some(item) = inner.pass_gate(item) else {
+            return Ok(());
+        };
         match inner.offer(item) {
             engine::Offer::Taken => Ok(()),
             // Ours is queued; the message it evicted is not the caller's to take back.
             engine::Offer::Evicted(victim) => {
                 inner.hold_in_task(victim);
+                Ok(())
+            }
+            // A keyed message handed back would let the later ones of its key, parked
+            // behind it, run first: it is held here instead.
+            engine::Offer::Hold(item) if item.key.is_some() => {
+                inner.hold_in_task(item);
                 Ok(())
             }
             engine::Offer::Hold(item) => match item.hand_back() {
@@ -539,6 +551,7 @@ fn stats_of<T>(inner: &Inner<T>) -> RuntimeStats {
         alive: inner.accounts.alive.load(Ordering::Relaxed).max(0) as u64,
         queued: inner.queue.len() as u64,
         held: inner.held.load(Ordering::Relaxed).max(0) as u64,
+        parked: inner.gate.parked() as u64,
         dead_letters_held: inner.dead_letters_held.load(Ordering::Relaxed).max(0) as u64,
         running: inner.limit.in_flight() as u64,
         limit: inner.limit.limit() as u64,

@@ -25,6 +25,8 @@ pub struct RuntimeStats {
     pub queued: u64,
     /// Messages held by backpressure.
     pub held: u64,
+    /// Messages parked behind a busy ordering key (see [`crate::ordering`]); part of `alive`.
+    pub parked: u64,
     /// Messages held unacknowledged because the dead-letter sink refused both their dead
     /// letter and its reference copy for good (see
     /// [`DeadLetterSink`](crate::runtime::DeadLetterSink)); part of `alive`.

@@ -1,0 +1,220 @@
+//! [`KeyGate`]: at most one message per key past the gate, the rest parked in arrival order.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use quanta::Instant;
+
+/// What [`KeyGate::arrive`] did with a message.
+#[derive(PartialEq, Eq)]
+pub enum Arrival<T> {
+    /// The key was free: the message goes on (it is now the key's message in flight).
+    Admitted(T),
+    /// The key is busy: the message waits in the gate behind the earlier ones of its key.
+    Parked,
+    /// The gate is closed (shutdown): the message is handed back to be released.
+    Closed(T),
+}
+
+impl<T> fmt::Debug for Arrival<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Arrival::Admitted(_) => "Admitted(..)",
+            Arrival::Parked => "Parked",
+            Arrival::Closed(_) => "Closed(..)",
+        })
+    }
+}
+
+struct State<T> {
+    /// A key is present while one of its messages is past the gate; its deque holds the
+    /// messages parked behind it, oldest first, with the instant each was parked.
+    lanes: HashMap<u64, VecDeque<(T, Instant)>>,
+    closed: bool,
+}
+
+/// The key gate of [ordered processing](crate::ordering): admit-or-park on arrival,
+/// release-next on disposition.
+///
+/// A message whose key has no message past the gate is admitted (and its key becomes busy);
+/// otherwise it is parked behind the earlier ones of its key. When the key's message has its
+/// disposition, [`release_next`](KeyGate::release_next) hands out the next parked one (which
+/// becomes the key's message) or frees the key. So no two messages of a key are ever past the
+/// gate together, and they pass it in arrival order. The caller decides what a disposition is
+/// (see the module docs for the runtime's rules): the gate only counts.
+///
+/// One mutex over a hash map of busy keys; each call holds it for a hash-map operation.
+///
+/// # Examples
+///
+/// ```
+/// use triage::ordering::{Arrival, KeyGate};
+///
+/// let gate = KeyGate::new();
+/// let now = triage::quanta::Clock::new().now();
+/// assert_eq!(gate.arrive(7, "a", now), Arrival::Admitted("a"));
+/// assert_eq!(gate.arrive(7, "b", now), Arrival::Parked);     // behind "a"
+/// assert_eq!(gate.arrive(8, "c", now), Arrival::Admitted("c")); // another key runs at once
+/// assert_eq!(gate.parked(), 1);
+/// assert_eq!(gate.release_next(7), Some("b"));                 // "a" is done: "b" goes on
+/// assert_eq!(gate.release_next(7), None);                      // "b" is done: key 7 is free
+/// assert_eq!(gate.keys_in_flight(), 1);                        // key 8
+/// ```
+pub struct KeyGate<T> {
+    state: Mutex<State<T>>,
+    parked: AtomicUsize,
+    keys: AtomicUsize,
+}
+
+impl<T> Default for KeyGate<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> fmt::Debug for KeyGate<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyGate")
+            .field("keys_in_flight", &self.keys_in_flight())
+            .field("parked", &self.parked())
+            .finish()
+    }
+}
+
+impl<T> KeyGate<T> {
+    /// An open gate with no key busy.
+    pub fn new() -> Self {
+        KeyGate {
+            state: Mutex::new(State {
+                lanes: HashMap::new(),
+                closed: false,
+            }),
+            parked: AtomicUsize::new(0),
+            keys: AtomicUsize::new(0),
+        }
+    }
+
+    /// A message of `key` arrives at `now`: admitted if its key is free (the key becomes
+    /// busy), parked behind the key's earlier messages otherwise, handed back once the gate is
+    /// [closed](KeyGate::close).
+    pub fn arrive(&self, key: u64, item: T, now: Instant) -> Arrival<T> {
+        let mut st = self.state.lock();
+        if st.closed {
+            return Arrival::Closed(item);
+        }
+        match st.lanes.get_mut(&key) {
+            Some(lane) => {
+                lane.push_back((item, now));
+                self.parked.fetch_add(1, Ordering::Relaxed);
+                Arrival::Parked
+            }
+            None => {
+                st.lanes.insert(key, VecDeque::new());
+                self.keys.fetch_add(1, Ordering::Relaxed);
+                Arrival::Admitted(item)
+            }
+        }
+    }
+
+    /// The key's message past the gate has its disposition: the next parked message of `key`,
+    /// now past the gate in its place, or `None` when none waits (the key is free again).
+    /// Calling it for a key that is not busy does nothing and returns `None`.
+    pub fn release_next(&self, key: u64) -> Option<T> {
+        self.release_next_waited(key).map(|(item, _)| item)
+    }
+
+    /// As [`release_next`](KeyGate::release_next), with the instant the released message was
+    /// parked (for the time it waited behind its key).
+    pub fn release_next_waited(&self, key: u64) -> Option<(T, Instant)> {
+        let mut st = self.state.lock();
+        let lane = st.lanes.get_mut(&key)?;
+        match lane.pop_front() {
+            Some(next) => {
+                self.parked.fetch_sub(1, Ordering::Relaxed);
+                Some(next)
+            }
+            None => {
+                st.lanes.remove(&key);
+                self.keys.fetch_sub(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Keys with a message past the gate.
+    pub fn keys_in_flight(&self) -> usize {
+        self.keys.load(Ordering::Relaxed)
+    }
+
+    /// Messages parked behind a busy key.
+    pub fn parked(&self) -> usize {
+        self.parked.load(Ordering::Relaxed)
+    }
+
+    /// How long the longest-parked message has waited at `now` (zero when none is parked).
+    /// Scans the busy keys: for a sampler, not for every message.
+    pub fn longest_wait(&self, now: Instant) -> Duration {
+        if self.parked() == 0 {
+            return Duration::ZERO;
+        }
+        let st = self.state.lock();
+        st.lanes
+            .values()
+            .filter_map(|lane| lane.front())
+            .map(|(_, at)| now.saturating_duration_since(*at))
+            .max()
+            .unwrap_or(Duration::ZERO)
+    }
+
+    /// Closes the gate (shutdown): returns every parked message, oldest first per key, and
+    /// hands back every later arrival. Keys stay busy until their message past the gate is
+    /// released, which then frees them.
+    pub fn close(&self) -> Vec<T> {
+        let mut st = self.state.lock();
+        st.closed = true;
+        let mut out = Vec::with_capacity(self.parked());
+        for lane in st.lanes.values_mut() {
+            out.extend(lane.drain(..).map(|(item, _)| item));
+        }
+        self.parked.fetch_sub(out.len(), Ordering::Relaxed);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn close_hands_back_parked_and_later_arrivals_and_frees_keys_on_release() {
+        let gate = KeyGate::new();
+        let now = quanta::Clock::new().now();
+        assert_eq!(gate.arrive(1, 10, now), Arrival::Admitted(10));
+        assert_eq!(gate.arrive(1, 11, now), Arrival::Parked);
+        assert_eq!(gate.arrive(1, 12, now), Arrival::Parked);
+        assert_eq!(gate.close(), vec![11, 12]);
+        assert_eq!(gate.parked(), 0);
+        assert_eq!(gate.arrive(2, 20, now), Arrival::Closed(20));
+        assert_eq!(gate.keys_in_flight(), 1);
+        assert_eq!(gate.release_next(1), None);
+        assert_eq!(gate.keys_in_flight(), 0);
+    }
+
+    #[test]
+    fn longest_wait_is_the_oldest_parked() {
+        let (clock, mock) = quanta::Clock::mock();
+        let gate = KeyGate::new();
+        assert_eq!(gate.arrive(1, 1, clock.now()), Arrival::Admitted(1));
+        assert_eq!(gate.arrive(1, 2, clock.now()), Arrival::Parked);
+        mock.increment(Duration::from_millis(30));
+        assert_eq!(gate.arrive(2, 3, clock.now()), Arrival::Admitted(3));
+        assert_eq!(gate.arrive(2, 4, clock.now()), Arrival::Parked);
+        mock.increment(Duration::from_millis(20));
+        assert_eq!(gate.longest_wait(clock.now()), Duration::from_millis(50));
+        assert_eq!(gate.release_next(1), Some(2));
+        assert_eq!(gate.longest_wait(clock.now()), Duration::from_millis(20));
+    }
+}
