@@ -34,7 +34,9 @@ type IdOf = Arc<dyn Fn(&Parts) -> Option<&[u8]> + Send + Sync>;
 ///    waits in the [`EntryAdmission`] queue (weighted-fair, bounded, queue-age cut-offs):
 ///    refused at once when not admitted, refused when evicted, answered when its deadline
 ///    passes, never served late;
-/// 5. the inner service runs holding the slot; its latency feeds the limit's algorithm.
+/// 5. the inner service runs holding the slot, with the request's tier (a [`Criticality`])
+///    in its extensions (for brownout: `req.extensions().get::<Criticality>()`); its latency
+///    feeds the limit's algorithm.
 ///
 /// Refusals are answered by [`Refusal::http_response`] (503 or 429, `Retry-After` with
 /// jitter, a JSON body) or, for `content-type: application/grpc`, by

@@ -151,7 +151,7 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
-        let (head, body) = request.into_parts();
+        let (mut head, body) = request.into_parts();
         if shared.is_never_shed(&head) {
             return ResponseFuture {
                 kind: Kind::Direct {
@@ -169,6 +169,7 @@ where
             return ResponseFuture::refused(shared.refuse(&d, RefusalReason::Expired, None));
         }
         if let Some(permit) = shared.admission.try_now(d.tier) {
+            head.extensions.insert(d.tier);
             let slot = Slot {
                 permit,
                 granted: shared.clock.now(),
@@ -197,6 +198,7 @@ where
                 fut: Box::pin(async move {
                     match wait.await {
                         Ok(permit) => {
+                            head.extensions.insert(d.tier);
                             let slot = Slot {
                                 permit,
                                 granted: shared.clock.now(),

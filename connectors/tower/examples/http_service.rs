@@ -1,0 +1,295 @@
+//! An axum service behind triage's layer, sharing one capacity with a background worker
+//! runtime: `--capacity` slots in all, a handler of fixed `--service-ms`, and background work
+//! (Sheddable) published at `--background-rate` into the runtime.
+//!
+//! ```sh
+//! cargo run --release -p triage-tower --example http_service -- --service-ms 10 --capacity 8
+//! curl -i -H 'triage-criticality: critical' http://127.0.0.1:8080/work
+//! curl -i http://127.0.0.1:8080/healthz
+//! ```
+//!
+//! Classification: the `triage-criticality` header is honoured from loopback peers only (the
+//! trust predicate: an internal caller), else `/checkout` is Critical, `/search` High,
+//! `/recommendations` Sheddable, and anything else Medium (counted as unclassified).
+//!
+//! Every second it prints one line: per tier `served/refused` in that second, slots in use,
+//! requests waiting, background messages completed. At exit (`--duration-s` or Ctrl-C) it
+//! prints per tier the requests served, within deadline, refused by reason, the p50/p99 time
+//! from entry to answer of served and of refused requests (measured in the process, around
+//! the layer), the retry-reappearance ratio, and the background runtime's ledger.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{ConnectInfo, Request};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use clap::Parser;
+use parking_lot::Mutex;
+use triage::admission::QueueAgeConfig;
+use triage::queue::WfqConfig;
+use triage::runtime::{HandlerError, Job, MemoryBroker, Runtime, RuntimeConfig};
+use triage::{wire, Criticality, PerTier};
+use triage_tower::{Classifier, RefusalReason, TriageConfig, TriageLayer};
+
+#[derive(Parser, Debug)]
+#[command(
+    about = "An axum service admitting through triage, sharing capacity with a background runtime"
+)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: SocketAddr,
+    /// Fixed service time of the handler (and of a background job), in milliseconds.
+    #[arg(long, default_value_t = 10)]
+    service_ms: u64,
+    /// Concurrency slots shared by HTTP requests and background jobs (the runtime's workers
+    /// and its fixed limit). Capacity is about capacity x 1000 / service_ms requests/s.
+    #[arg(long, default_value_t = 8)]
+    capacity: usize,
+    /// Entry queue bound, in requests.
+    #[arg(long, default_value_t = 1024)]
+    queue: usize,
+    /// Background (Sheddable) messages published into the runtime per second; 0 for none.
+    #[arg(long, default_value_t = 0)]
+    background_rate: u64,
+    /// Stop after this many seconds (0: run until Ctrl-C).
+    #[arg(long, default_value_t = 0)]
+    duration_s: u64,
+    /// Disable queue-age admission (requests then wait until their deadline or eviction).
+    #[arg(long)]
+    no_queue_age: bool,
+    /// No live line.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// Time from entry to answer, microseconds, per tier (as labelled by the caller) and outcome.
+#[derive(Default)]
+struct Timings {
+    served: PerTier<Vec<u32>>,
+    refused: PerTier<Vec<u32>>,
+}
+
+fn percentile(v: &mut [u32], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_unstable();
+    let i = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1;
+    f64::from(v[i]) / 1_000.0
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let service = Duration::from_millis(args.service_ms);
+
+    // The background runtime: its workers and the HTTP requests take slots from one limit.
+    let rt_config = RuntimeConfig {
+        workers: args.capacity.try_into()?,
+        ..RuntimeConfig::default()
+    };
+    let mut runtime = Runtime::builder(rt_config).start(move |_job: Job<u64>| async move {
+        tokio::time::sleep(service).await;
+        Ok::<(), HandlerError>(())
+    })?;
+    let broker = MemoryBroker::new();
+    runtime.attach(broker.source());
+    if args.background_rate > 0 {
+        let broker = broker.clone();
+        let every = Duration::from_secs_f64(1.0 / args.background_rate as f64);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            for i in 0u64.. {
+                tick.tick().await;
+                broker.publish(i, Criticality::Sheddable, None);
+            }
+        });
+    }
+
+    let mut config = TriageConfig::default();
+    config.queue = WfqConfig::with_capacity(args.queue);
+    if args.no_queue_age {
+        config.queue.admission = QueueAgeConfig::disabled();
+    }
+    let classifier = Classifier::new()
+        .trust_header_when(|head| {
+            head.extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .is_some_and(|c| c.0.ip().is_loopback())
+        })
+        .route("/checkout", Criticality::Critical)
+        .route("/search", Criticality::High)
+        .route("/recommendations", Criticality::Sheddable);
+    let layer = TriageLayer::builder(config, runtime.concurrency_limit())
+        .classifier(classifier)
+        .build()?;
+
+    let timings = Arc::new(Mutex::new(Timings::default()));
+    let handler = move |req: Request| async move {
+        tokio::time::sleep(service).await;
+        // The layer put the request's tier in its extensions: echo it for load generators.
+        let tier = req
+            .extensions()
+            .get::<Criticality>()
+            .copied()
+            .unwrap_or(Criticality::Medium);
+        ([(wire::CRITICALITY, tier.as_str())], "done\n").into_response()
+    };
+    let app = Router::new()
+        .route("/work", get(handler))
+        .route("/checkout", get(handler))
+        .route("/search", get(handler))
+        .route("/recommendations", get(handler))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .layer(layer.clone())
+        .layer(middleware::from_fn({
+            let timings = Arc::clone(&timings);
+            move |req: Request, next: Next| {
+                let timings = Arc::clone(&timings);
+                async move { timed(timings, req, next).await }
+            }
+        }));
+    let listener = tokio::net::TcpListener::bind(args.addr).await?;
+    println!(
+        "listening on {} (capacity {} slots, {} ms service: about {:.0} req/s)",
+        args.addr,
+        args.capacity,
+        args.service_ms,
+        args.capacity as f64 * 1_000.0 / args.service_ms.max(1) as f64
+    );
+    let server = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+    });
+
+    let started = Instant::now();
+    let mut last = layer.stats();
+    let mut last_bg = 0u64;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = tokio::signal::ctrl_c() => break,
+        }
+        let now = layer.stats();
+        let bg = runtime.stats().ledger.total().completed;
+        if !args.quiet {
+            let mut line = format!("{:>4}s", started.elapsed().as_secs());
+            for tier in Criticality::ALL {
+                let served = now.served[tier] - last.served[tier];
+                let refused: u64 = (0..4)
+                    .map(|i| now.refused[tier][i] - last.refused[tier][i])
+                    .sum();
+                line += &format!(" {}={served}/{refused}", &tier.as_str()[..4]);
+            }
+            let w = layer.admission().waiting();
+            line += &format!(
+                " slots={} waiting={} bg={}",
+                layer.admission().limit().in_flight(),
+                w.critical + w.high + w.medium + w.sheddable,
+                bg - last_bg
+            );
+            println!("{line}");
+        }
+        last = now;
+        last_bg = bg;
+        if args.duration_s > 0 && started.elapsed() >= Duration::from_secs(args.duration_s) {
+            break;
+        }
+    }
+    server.abort();
+    let elapsed = started.elapsed().as_secs_f64();
+    let stats = layer.stats();
+    let mut t = std::mem::take(&mut *timings.lock());
+    println!("\nafter {elapsed:.1} s, per tier (served within deadline / served / refused by reason; time from entry to answer, ms):");
+    for tier in Criticality::ALL {
+        let refused: Vec<String> = RefusalReason::ALL
+            .iter()
+            .map(|r| format!("{} {}", r.as_str(), stats.refused(tier, *r)))
+            .collect();
+        let total: u64 = stats.served[tier] + stats.refused[tier].iter().sum::<u64>();
+        let ok = if total > 0 {
+            100.0 * stats.goodput[tier] as f64 / total as f64
+        } else {
+            f64::NAN
+        };
+        println!(
+            "{:<9} {:>7} requests, {:>7} within deadline ({ok:.2}%), served {:>7}, refused: {}",
+            tier.as_str(),
+            total,
+            stats.goodput[tier],
+            stats.served[tier],
+            refused.join(", ")
+        );
+        println!(
+            "          served p50 {:.2} p99 {:.2} ms ({} samples); refused p50 {:.3} p99 {:.3} ms ({} samples)",
+            percentile(&mut t.served[tier], 0.5),
+            percentile(&mut t.served[tier], 0.99),
+            t.served[tier].len(),
+            percentile(&mut t.refused[tier], 0.5),
+            percentile(&mut t.refused[tier], 0.99),
+            t.refused[tier].len(),
+        );
+    }
+    println!(
+        "unclassified {}, never shed {}",
+        stats.unclassified, stats.never_shed
+    );
+    let r = layer.reappearance().stats();
+    println!("retry reappearance (shed ids seen again within the window), per tier:");
+    for tier in Criticality::ALL {
+        println!(
+            "{:<9} shed {:>7} reappeared {:>7} ratio {}",
+            tier.as_str(),
+            r.shed[tier],
+            r.reappeared[tier],
+            r.ratio(tier).map_or("-".into(), |x| format!("{x:.3}"))
+        );
+    }
+    println!(
+        "all tiers: ratio {} (untracked {})",
+        r.total_ratio().map_or("-".into(), |x| format!("{x:.3}")),
+        r.untracked
+    );
+    broker.close();
+    let report = runtime.shutdown(Duration::from_secs(5)).await;
+    let total = report.stats.ledger.total();
+    println!(
+        "background runtime: consumed {}, completed {}, shed {}, expired {}; ledger balances: {}",
+        total.consumed,
+        total.completed,
+        total.shed,
+        total.expired,
+        if report.stats.balances() { "yes" } else { "NO" }
+    );
+    Ok(())
+}
+
+/// Times a request from entry to answer, by the tier its caller labelled it with.
+async fn timed(timings: Arc<Mutex<Timings>>, req: Request, next: Next) -> Response {
+    let tier = req
+        .headers()
+        .get(wire::CRITICALITY)
+        .and_then(|v| wire::parse_criticality(v.as_bytes()).ok());
+    let start = Instant::now();
+    let response = next.run(req).await;
+    if let Some(tier) = tier {
+        let micros = u32::try_from(start.elapsed().as_micros()).unwrap_or(u32::MAX);
+        let mut t = timings.lock();
+        if response.status().is_success() {
+            t.served[tier].push(micros);
+        } else {
+            t.refused[tier].push(micros);
+        }
+    }
+    response
+}
