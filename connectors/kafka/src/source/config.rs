@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use triage::ordering::OrderingConfig;
 use triage::{wire, ConfigError, Criticality, PerTier};
 
 /// librdkafka properties the source sets itself; `properties` may not override them.
@@ -50,6 +51,14 @@ pub struct KafkaSourceConfig {
     pub criticality: CriticalityConfig,
     /// How a message's deadline is chosen.
     pub deadline: DeadlineConfig,
+    /// Ordering (an `[ordering]` table): `mode = "unordered"` (the default: a partition's
+    /// records run concurrently, only the contiguous watermark is committed), `"key"` (at most
+    /// one record per key of a partition inside the runtime at a time, in offset order; keys
+    /// run in parallel) or `"partition"` (one record at a time per partition); `null_key =
+    /// "unordered"` (default: a record with a null key is its own key) or `"partition"` (the
+    /// null-key records of a partition are one key). See [`triage::ordering`] for what each
+    /// disposition does to a key.
+    pub ordering: OrderingConfig,
     /// Period of the watermark commit (one synchronous commit at a time, on a thread of its
     /// own), in milliseconds. Default 1000; allowed `1..=3_600_000`. Commits also happen on
     /// revocation and at shutdown.
@@ -103,6 +112,7 @@ impl Default for KafkaSourceConfig {
             topics: Vec::new(),
             criticality: CriticalityConfig::default(),
             deadline: DeadlineConfig::default(),
+            ordering: OrderingConfig::default(),
             commit_interval_ms: 1000,
             commit_timeout_ms: 5000,
             close_timeout_ms: 5000,

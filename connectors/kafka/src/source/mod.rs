@@ -17,6 +17,11 @@
 //!   strict protection; in one mixed topic a Critical record is reached only by consuming
 //!   everything in front of it.
 //!
+//! - Ordering: with `ordering.mode = "key"` (or `"partition"`) each record carries an ordering
+//!   key computed from its topic, partition and key, and the runtime's key gate keeps one
+//!   record per key inside at a time (see [`triage::ordering`]); the watermark commit is
+//!   unchanged.
+//!
 //! After rdkafka's `examples/at_least_once.rs`, with the offset store replaced by the
 //! watermark.
 
@@ -146,6 +151,27 @@ impl KafkaSourceBuilder {
         self
     }
 
+    /// The ordering mode: sets [`KafkaSourceConfig::ordering`]'s `mode` (keyless records keep
+    /// the configured `null_key` rule). `Key`: at most one record per key of a partition inside
+    /// the runtime at a time, in offset order, keys in parallel; `Partition`: one record at a
+    /// time per partition; `Unordered` (the default): no ordering.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use triage::ordering::OrderingMode;
+    /// use triage_kafka::{KafkaSource, KafkaSourceConfig};
+    ///
+    /// let config = KafkaSourceConfig::new("127.0.0.1:9092", "ledger", ["postings"]);
+    /// let source = KafkaSource::builder(config).ordering(OrderingMode::Key).build()?;
+    /// # let _ = source;
+    /// # Ok::<(), triage_kafka::Error>(())
+    /// ```
+    pub fn ordering(mut self, mode: triage::ordering::OrderingMode) -> Self {
+        self.config.ordering.mode = mode;
+        self
+    }
+
     /// The clock deadlines are expressed on; use the runtime's clock. Default
     /// `Clock::new()`.
     pub fn clock(mut self, clock: Clock) -> Self {
@@ -230,6 +256,7 @@ impl KafkaSourceBuilder {
                 offsets: Arc::clone(&offsets),
             }),
             classifier: classify::Classifier::new(&config, self.classifier),
+            ordering: config.ordering,
             clock: self.clock.unwrap_or_default(),
             control: Arc::clone(&control),
             tx,

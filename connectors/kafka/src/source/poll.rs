@@ -76,6 +76,7 @@ pub(crate) struct PollLoop {
     pub(crate) offsets: Arc<Offsets>,
     pub(crate) acks: Arc<dyn AckSink>,
     pub(crate) classifier: Classifier,
+    pub(crate) ordering: triage::ordering::OrderingConfig,
     pub(crate) clock: Clock,
     pub(crate) control: Arc<Control>,
     pub(crate) tx: mpsc::Sender<Delivery>,
@@ -249,6 +250,9 @@ impl PollLoop {
             metrics::unclassified(reason);
         }
         stats.consumed.fetch_add(1, Ordering::Relaxed);
+        let ordering_key = self
+            .ordering
+            .key_of((topic, msg.partition()), key.as_deref());
         let message = KafkaMessage {
             topic: topic.to_owned(),
             partition: msg.partition(),
@@ -270,7 +274,8 @@ impl PollLoop {
         .with_attempt(classified.attempt)
         .with_deferrals(classified.deferrals)
         .with_deadline_opt(deadline)
-        .with_size_bytes(size);
+        .with_size_bytes(size)
+        .with_ordering_key_opt(ordering_key);
         Some((generation, envelope))
     }
 
