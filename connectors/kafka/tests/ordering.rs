@@ -83,16 +83,18 @@ fn positions(group: &str, topic: &str) -> Vec<(i64, i64)> {
         .collect()
 }
 
+/// Per key, (seq, offset) in completion order.
+type Completions = BTreeMap<u32, Vec<(u32, i64)>>;
+
 struct Outcome {
-    /// Per key, (seq, offset) in completion order.
-    completions: BTreeMap<u32, Vec<(u32, i64)>>,
+    completions: Completions,
     /// Keys with a record started while another of the key was in the handler.
     overlapped: HashSet<u32>,
 }
 
 async fn consume(topic: &str, mode: OrderingMode) -> Outcome {
     let group = rand_name("g-order");
-    let completions: Arc<Mutex<BTreeMap<u32, Vec<(u32, i64)>>>> = Arc::default();
+    let completions: Arc<Mutex<Completions>> = Arc::default();
     let running: Arc<Mutex<HashSet<u32>>> = Arc::default();
     let overlapped: Arc<Mutex<HashSet<u32>>> = Arc::default();
     let config = RuntimeConfig {
