@@ -172,7 +172,13 @@ struct Inner {
     /// admission never takes it.
     limit: AtomicUsize,
     in_flight: AtomicUsize,
-    shares: TierShares,
+    /// Each tier's share in fixed point (`TierShares::fixed`), indexed by rank: atomics, so
+    /// that [`ConcurrencyLimit::set_shares`] applies live while admission reads without a lock.
+    /// A reader may see old and new shares of different tiers for an instant; each value is
+    /// valid, and the next read sees the new set.
+    shares_fixed: [std::sync::atomic::AtomicU64; 4],
+    /// The shares as configured, for [`ConcurrencyLimit::shares`].
+    shares: Mutex<TierShares>,
 }
 
 impl fmt::Debug for ConcurrencyLimit {
@@ -180,7 +186,7 @@ impl fmt::Debug for ConcurrencyLimit {
         f.debug_struct("ConcurrencyLimit")
             .field("limit", &self.limit())
             .field("in_flight", &self.in_flight())
-            .field("shares", &self.inner.shares)
+            .field("shares", &*self.inner.shares.lock())
             .field("algorithm", &*self.inner.algorithm.lock())
             .finish()
     }
@@ -197,7 +203,8 @@ impl ConcurrencyLimit {
                 algorithm: Mutex::new(algorithm),
                 limit: AtomicUsize::new(limit),
                 in_flight: AtomicUsize::new(0),
-                shares,
+                shares_fixed: shares.fixed().map(std::sync::atomic::AtomicU64::new),
+                shares: Mutex::new(shares),
             }),
         }
     }
@@ -215,7 +222,7 @@ impl ConcurrencyLimit {
     /// How many jobs may be in flight for a `tier` job to start, at the current
     /// limit; see [`TierShares::allowed`].
     pub fn allowed(&self, tier: Criticality) -> usize {
-        self.inner.shares.allowed(self.limit(), tier)
+        self.inner.allowed(self.limit(), tier)
     }
 
     /// Bit `rank` set for each tier that may start a job now (`in_flight < allowed(tier)`).
@@ -224,7 +231,7 @@ impl ConcurrencyLimit {
         let in_flight = self.in_flight();
         let mut mask = 0;
         for tier in Criticality::ALL {
-            if in_flight < self.inner.shares.allowed(limit, tier) {
+            if in_flight < self.inner.allowed(limit, tier) {
                 mask |= 1 << tier.rank();
             }
         }
@@ -291,12 +298,39 @@ impl ConcurrencyLimit {
         Criticality::ALL
             .into_iter()
             .filter(|t| tiers.contains(*t))
-            .max_by_key(|t| (self.inner.shares.allowed(limit, *t), t.rank()))
+            .max_by_key(|t| (self.inner.allowed(limit, *t), t.rank()))
     }
 
     /// The shares of the limit per tier.
-    pub fn shares(&self) -> &TierShares {
-        &self.inner.shares
+    pub fn shares(&self) -> TierShares {
+        *self.inner.shares.lock()
+    }
+
+    /// Replaces the shares of the limit per tier, live (a runtime's
+    /// [`reconfigure`](crate::runtime::Runtime::reconfigure)). Jobs already running keep their
+    /// slots; larger shares wake the waiters they let through.
+    pub fn set_shares(&self, shares: TierShares) {
+        let mut current = self.inner.shares.lock();
+        for (slot, fixed) in self.inner.shares_fixed.iter().zip(shares.fixed()) {
+            slot.store(fixed, std::sync::atomic::Ordering::Relaxed);
+        }
+        *current = shares;
+        drop(current);
+        fence(Ordering::SeqCst);
+        self.inner.wake(self.in_flight());
+    }
+
+    /// Replaces the limit algorithm, live, starting from `algorithm`'s current limit (a
+    /// runtime's [`reconfigure`](crate::runtime::Runtime::reconfigure) with a changed
+    /// `[limit]`). Jobs already running keep their slots, as with any lowered limit; a higher
+    /// limit wakes the waiters it lets through.
+    pub fn set_algorithm(&self, algorithm: Limiter) {
+        let mut current = self.inner.algorithm.lock();
+        self.inner.limit.store(algorithm.limit(), Ordering::Relaxed);
+        *current = algorithm;
+        drop(current);
+        fence(Ordering::SeqCst);
+        self.inner.wake(self.in_flight());
     }
 
     /// Takes a slot for one `tier` job if fewer than [`allowed`](Self::allowed)
@@ -400,6 +434,11 @@ impl Drop for Permit {
 }
 
 impl Inner {
+    fn allowed(&self, limit: usize, tier: Criticality) -> usize {
+        let fixed = self.shares_fixed[tier.rank()].load(std::sync::atomic::Ordering::Relaxed);
+        shares::allowed_fixed(limit, fixed)
+    }
+
     /// After a release left `in_flight` jobs running: wakes at most one waiter per free slot,
     /// each of a tier allowed to use one, most critical tier first (a tier's share decides
     /// which jobs may start; which waiter takes a slot is the queue's weighted-fair order,
@@ -417,7 +456,7 @@ impl Inner {
             if waiting == 0 {
                 continue;
             }
-            let room = self.shares.allowed(limit, tier).saturating_sub(in_flight);
+            let room = self.allowed(limit, tier).saturating_sub(in_flight);
             let n = free.min(waiting).min(room);
             if n > 0 {
                 // "At least n notified": listeners notified but not yet woken count, so

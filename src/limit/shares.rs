@@ -114,13 +114,25 @@ impl TierShares {
     /// start: `max(1, ⌊limit × share⌋)`, or 0 when `limit` is 0. Never above
     /// `limit`. Integer arithmetic only.
     pub fn allowed(&self, limit: usize, tier: Criticality) -> usize {
-        if limit == 0 {
-            return 0;
-        }
-        let scaled = (limit as u128 * u128::from(self.fixed[tier.rank()])) >> 32;
-        // share ≤ 1, so scaled ≤ limit and fits in usize.
-        (scaled as usize).clamp(1, limit)
+        allowed_fixed(limit, self.fixed[tier.rank()])
     }
+
+    /// The shares in fixed point (`⌈share × 2³²⌉`), indexed by rank: what
+    /// [`ConcurrencyLimit`](super::ConcurrencyLimit) keeps in atomics so that a live
+    /// reconfiguration can swap them without a lock on the admission path.
+    pub(crate) fn fixed(&self) -> [u64; 4] {
+        self.fixed
+    }
+}
+
+/// [`TierShares::allowed`] for one share in fixed point (see [`TierShares::fixed`]).
+pub(crate) fn allowed_fixed(limit: usize, fixed: u64) -> usize {
+    if limit == 0 {
+        return 0;
+    }
+    let scaled = (limit as u128 * u128::from(fixed)) >> 32;
+    // share ≤ 1, so scaled ≤ limit and fits in usize.
+    (scaled as usize).clamp(1, limit)
 }
 
 /// Serialised form of [`TierShares`]; not public because `TierShares` is what

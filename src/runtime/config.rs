@@ -10,6 +10,9 @@ use crate::limit::{LimitConfig, TierShares};
 use crate::queue::WfqConfig;
 use crate::{ConfigError, PerTier};
 
+/// Highest [`RuntimeConfig::forced_shed_level`]: every tier but Critical refused.
+pub(crate) const MAX_FORCED_SHED_LEVEL: u8 = 3;
+
 /// What happens to a message its tier cannot take now (refused at admission or evicted).
 /// Decided in advance, per tier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -213,6 +216,22 @@ pub struct RuntimeConfig {
     /// How often a held (backpressured) message is retried when nothing else wakes it, and how
     /// often gauges are sampled, in milliseconds. Allowed `1..=60_000`. Default `5`.
     pub poll_interval_ms: u64,
+    /// The operator's shed switch (seed 002: "pre-define these degraded modes and make them one
+    /// switch"): refuse this many tiers from the bottom of the ladder whatever the signals say,
+    /// each refused message going to its tier's refusal policy (reason `overloaded`). `0`
+    /// sheds nothing by force, `1` refuses Sheddable, `2` Sheddable and Medium, `3` everything
+    /// but Critical. Critical is never refused by force: to stop everything, stop the
+    /// consumer. Applies to pulled and pushed (`try_submit`) work alike, and to drains (which
+    /// pull only while nothing is shed); per-tier sources pause the refused tiers. The signals
+    /// may shed more; the effective level is the higher of the two. Allowed `0..=3`. Default
+    /// `0`. Change it live with [`Runtime::reconfigure`](crate::runtime::Runtime::reconfigure).
+    pub forced_shed_level: u8,
+    /// The operator's brownout switch (seed 002: "sometimes it's better to serve every request
+    /// with less work"): a level the handler reads from
+    /// [`Job::brownout`](crate::runtime::Job::brownout) to skip optional work (enrichment,
+    /// recommendations, rich previews). What each level turns off is the handler's choice;
+    /// triage only carries the number. `0` is full service. Allowed `0..=255`. Default `0`.
+    pub brownout_level: u8,
 }
 
 impl Default for RuntimeConfig {
@@ -239,6 +258,8 @@ impl Default for RuntimeConfig {
             max_held: NonZeroUsize::new(4096).unwrap_or(NonZeroUsize::MIN),
             max_parked: NonZeroUsize::new(10_000).unwrap_or(NonZeroUsize::MIN),
             poll_interval_ms: 5,
+            forced_shed_level: 0,
+            brownout_level: 0,
         }
     }
 }
@@ -353,6 +374,13 @@ impl RuntimeConfig {
                 "poll_interval_ms",
                 self.poll_interval_ms,
                 "1..=60000",
+            ));
+        }
+        if self.forced_shed_level > MAX_FORCED_SHED_LEVEL {
+            return Err(ConfigError::new(
+                "forced_shed_level",
+                self.forced_shed_level,
+                "0..=3 (Critical is never refused by force)",
             ));
         }
         Ok(())

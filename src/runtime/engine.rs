@@ -69,7 +69,12 @@ pub(crate) struct Inner<T> {
     pub(crate) queue: WfqQueue<Item<T>>,
     pub(crate) limit: ConcurrencyLimit,
     pub(crate) accounts: Arc<Accounts>,
-    pub(crate) config: RuntimeConfig,
+    /// The configuration in force, swapped whole by a live reconfiguration (see
+    /// `reconfigure.rs`): read it through [`Inner::config`], once per decision.
+    pub(crate) config: arc_swap::ArcSwap<RuntimeConfig>,
+    /// What a live reconfiguration changes besides `config`: the generation, the operator's
+    /// forced shed and brownout levels.
+    pub(crate) live: crate::runtime::reconfigure::Live,
     pub(crate) defer: Option<Arc<dyn DeferSink<T>>>,
     pub(crate) dead_letter: Option<Arc<dyn DeadLetterSink<T>>>,
     pub(crate) handler: Handler<T>,
@@ -129,6 +134,15 @@ pub(crate) enum Offer<T> {
     /// The offered item was queued, and evicted this one, whose tier's policy is
     /// Backpressure: the caller holds the victim and offers it again later.
     Evicted(Item<T>),
+}
+
+impl<T> Inner<T> {
+    /// The configuration in force (one lock-free load): a reconfiguration swaps it whole, so
+    /// one guard gives one consistent configuration.
+    #[inline]
+    pub(crate) fn config(&self) -> arc_swap::Guard<Arc<RuntimeConfig>> {
+        self.config.load()
+    }
 }
 
 impl<T: Send + Sync + 'static> Inner<T> {
@@ -241,7 +255,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// How many queued messages keep every worker busy until the intake pulls again:
     /// `admission.prefetch_per_slot ×` the concurrency limit.
     pub(crate) fn prefetch(&self) -> usize {
-        self.config.admission.prefetch_per_slot * self.limit.limit().max(1)
+        self.config().admission.prefetch_per_slot * self.limit.limit().max(1)
     }
 
     /// A message pulled past its deadline: expired before it is queued, counted apart.
@@ -253,7 +267,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
     }
 
     pub(crate) fn poll_interval(&self) -> Duration {
-        Duration::from_millis(self.config.poll_interval_ms)
+        Duration::from_millis(self.config().poll_interval_ms)
     }
 
     /// Admission: push into the queue, apply the policy to whatever is refused or evicted.
@@ -272,9 +286,11 @@ impl<T: Send + Sync + 'static> Inner<T> {
         };
         // A shed tier is refused only while the workers have enough queued to do: refusal makes
         // room for more important work, and idle workers next to held work make none.
-        if !item.pushed
-            && !admits_at(self.shed_level.load(Ordering::Relaxed), tier)
-            && self.queue.len() >= self.prefetch()
+        // The operator's forced level refuses whatever the signals say (seed 002: one switch).
+        if !admits_at(self.live.forced_level(), tier)
+            || (!item.pushed
+                && !admits_at(self.shed_level.load(Ordering::Relaxed), tier)
+                && self.queue.len() >= self.prefetch())
         {
             return self.refused(item, RefuseReason::Overloaded, started);
         }
@@ -369,7 +385,10 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// level, and the queue-age one too once work has been pushed in-process (`try_submit`):
     /// for pulled work alone the queue's age is no overload signal.
     pub(crate) fn load_level(&self) -> u8 {
-        let pulled = self.shed_level.load(Ordering::Relaxed);
+        let pulled = self
+            .shed_level
+            .load(Ordering::Relaxed)
+            .max(self.live.forced_level());
         if self.pushed_seen.load(Ordering::Relaxed) {
             pulled.max(self.queue.shed_level())
         } else {
@@ -400,7 +419,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         {
             return false;
         }
-        let reserve = self.config.share_reserve_ms.saturating_mul(1_000_000);
+        let reserve = self.config().share_reserve_ms.saturating_mul(1_000_000);
         if reserve == 0 {
             return true;
         }
@@ -418,7 +437,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// work-conserving shares, those whose higher tiers are quiet while a slot is idle.
     fn worker_mask(&self) -> TierMask {
         let mask = self.limit.allowed_mask();
-        if !self.config.work_conserving || self.limit.in_flight() >= self.limit.limit() {
+        if !self.config().work_conserving || self.limit.in_flight() >= self.limit.limit() {
             return mask;
         }
         if mask == TierMask::ALL {
@@ -434,13 +453,13 @@ impl<T: Send + Sync + 'static> Inner<T> {
     }
 
     fn policy(&self, item: &Item<T>) -> RefusalPolicy {
-        match self.config.policy[item.tier()] {
+        match self.config().policy[item.tier()] {
             // A deferred copy would be served after the later messages of its key: a keyed
             // message is held instead, and its key waits behind it (`crate::ordering`).
             RefusalPolicy::Defer if item.key.is_some() => RefusalPolicy::Backpressure,
             // Deferred often enough: it waits (in its topic, or held) until served or expired,
             // rather than bouncing between the topics.
-            RefusalPolicy::Defer if item.deferrals >= self.config.max_deferrals => {
+            RefusalPolicy::Defer if item.deferrals >= self.config().max_deferrals => {
                 RefusalPolicy::Backpressure
             }
             RefusalPolicy::Defer if self.defer.is_none() => RefusalPolicy::Drop,
@@ -449,7 +468,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
     }
 
-    fn refuse(
+    pub(crate) fn refuse(
         self: &Arc<Self>,
         item: Item<T>,
         reason: usize,
@@ -545,7 +564,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             }
             Err(_) => {
                 self.accounts.metrics.defer_failures.increment(1);
-                let until = self.now_ns() + self.config.defer_cooldown_ms * 1_000_000;
+                let until = self.now_ns() + self.config().defer_cooldown_ms * 1_000_000;
                 self.defer_unhealthy_until
                     .fetch_max(until, Ordering::Relaxed);
                 self.hold_until_queued(item).await;
@@ -679,7 +698,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         // The pop already applied the work-conserving rule (`worker_mask`): a worker holding a
         // popped item borrows an idle slot rather than sitting on it until its share frees.
         let permit = match self.limit.try_acquire(tier).or_else(|| {
-            self.config
+            self.config()
                 .work_conserving
                 .then(|| self.limit.try_acquire_up_to(tier, self.limit.limit()))
                 .flatten()
@@ -695,6 +714,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             deadline: item.deadline,
             enqueued_at,
             load: LoadLevel(self.load_level()),
+            brownout: self.live.brownout(),
             clock: self.clock.clone(),
         };
         let started = self.clock.now();
@@ -742,12 +762,12 @@ impl<T: Send + Sync + 'static> Inner<T> {
         reason: &'static str,
         error: String,
     ) {
-        if retryable && item.attempt < self.config.retry.max_retries {
+        if retryable && item.attempt < self.config().retry.max_retries {
             item.attempt += 1;
             self.accounts.metrics.tiers[item.tier()]
                 .retries
                 .increment(1);
-            let backoff = self.config.retry.backoff(item.attempt);
+            let backoff = self.config().retry.backoff(item.attempt);
             let this = Arc::clone(self);
             self.spawn(async move {
                 tokio::select! {
@@ -831,19 +851,19 @@ impl<T: Send + Sync + 'static> Inner<T> {
                             self.log_dead_letter_held(&e, &r);
                             // Refused for good, as far as anyone can tell: a topic created or a
                             // limit raised later lets it through, so it is tried again, rarely.
-                            self.config.retry.max_backoff()
+                            self.config().retry.max_backoff()
                         }
                         Err(_) => {
                             metrics.dead_letter_retries.increment(1);
                             attempt = attempt.saturating_add(1);
-                            self.config.retry.backoff(attempt)
+                            self.config().retry.backoff(attempt)
                         }
                     }
                 }
                 Err(_) => {
                     metrics.dead_letter_retries.increment(1);
                     attempt = attempt.saturating_add(1);
-                    self.config.retry.backoff(attempt)
+                    self.config().retry.backoff(attempt)
                 }
             };
             tokio::select! {
@@ -879,16 +899,24 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 "dead letter refused for good ({full}) and its reference copy too ({reference}): \
                  the message is held unacknowledged, its source position kept, and tried again \
                  every {:?}",
-                self.config.retry.max_backoff()
+                self.config().retry.max_backoff()
             );
         }
     }
 
     /// Gauges and the admission clock, on a timer: nothing here runs per message.
     pub(crate) async fn sampler(self: Arc<Self>) {
-        let every = Duration::from_millis(self.config.admission.tick_ms);
-        let mut pull = PullAdmission::new(&self.config.admission);
+        let mut every = Duration::from_millis(self.config().admission.tick_ms);
+        let mut pull = PullAdmission::new(&self.config().admission);
+        let mut generation = self.live.generation();
         loop {
+            // A live reconfiguration: the state machine keeps its window and level.
+            if self.live.generation() != generation {
+                let config = self.config();
+                generation = self.live.generation();
+                pull.reconfigure(&config.admission);
+                every = Duration::from_millis(config.admission.tick_ms);
+            }
             tokio::select! {
                 _ = self.stop.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
@@ -958,9 +986,9 @@ impl<T: Send + Sync + 'static> Inner<T> {
         for e in self.queue.close() {
             let item = e.into_inner();
             let defer = item.key.is_none()
-                && item.deferrals < self.config.max_deferrals
+                && item.deferrals < self.config().max_deferrals
                 && self.defer.is_some()
-                && self.config.policy[item.tier()] == RefusalPolicy::Defer
+                && self.config().policy[item.tier()] == RefusalPolicy::Defer
                 && self.defer_healthy();
             if defer {
                 let this = Arc::clone(self);

@@ -145,7 +145,7 @@ impl<T: Send + Sync + 'static> Held<T> {
 /// the workers.
 fn drain_allowed<T: Send + Sync + 'static>(inner: &Inner<T>) -> bool {
     inner.load_level() == 0
-        && inner.queue.len() < inner.config.workers.get()
+        && inner.queue.len() < inner.config().workers.get()
         && inner.limit.in_flight() < inner.limit.limit()
 }
 
@@ -180,15 +180,16 @@ pub(crate) async fn run<S: Source>(
     S::Payload: Send + Sync + 'static,
 {
     let mut held: Held<S::Payload> = Held::new();
-    let max_held = inner.config.max_held.get();
-    let max_parked = inner.config.max_parked.get();
     let mut paused = false;
     let poll = inner.poll_interval();
     let mut finished = false;
     let mut paused_tiers = TierMask::NONE;
     loop {
         lag.store(source.lag().unwrap_or(u64::MAX), Ordering::Relaxed);
-        let level = inner.shed_level.load(Ordering::Relaxed);
+        let level = inner
+            .shed_level
+            .load(Ordering::Relaxed)
+            .max(inner.live.forced_level());
         if mode == Mode::Normal {
             let shed = TierMask::below(level);
             if shed != paused_tiers {
@@ -199,8 +200,12 @@ pub(crate) async fn run<S: Source>(
         if held.sweep_due(&inner) {
             held.sweep(&inner);
         }
-        // Parked messages (behind a busy ordering key) have a bound of their own.
-        let full = held.items.len() >= max_held || inner.gate.parked() >= max_parked;
+        // Parked messages (behind a busy ordering key) have a bound of their own. Both bounds
+        // are read each turn: a live reconfiguration may change them.
+        let config = inner.config();
+        let full = held.items.len() >= config.max_held.get()
+            || inner.gate.parked() >= config.max_parked.get();
+        drop(config);
         if full != paused {
             if full {
                 source.pause();

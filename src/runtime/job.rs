@@ -60,6 +60,7 @@ pub struct Job<T> {
     pub(crate) deadline: Option<Instant>,
     pub(crate) enqueued_at: Instant,
     pub(crate) load: LoadLevel,
+    pub(crate) brownout: u8,
     pub(crate) clock: Clock,
 }
 
@@ -81,8 +82,17 @@ impl<T> Job<T> {
             deadline,
             enqueued_at: now,
             load: LoadLevel::NORMAL,
+            brownout: 0,
             clock,
         }
+    }
+
+    /// The same job at brownout level `level` (see [`brownout`](Self::brownout)): to
+    /// unit-test a handler's degraded modes.
+    #[must_use]
+    pub fn with_brownout(mut self, level: u8) -> Job<T> {
+        self.brownout = level;
+        self
     }
 
     /// The message.
@@ -131,6 +141,35 @@ impl<T> Job<T> {
     pub fn load(&self) -> LoadLevel {
         self.load
     }
+
+    /// The operator's brownout level when the job started
+    /// ([`RuntimeConfig::brownout_level`](crate::runtime::RuntimeConfig::brownout_level), `0`
+    /// for full service): a degraded mode decided in advance and switched on by configuration,
+    /// live, without a deploy (seed 002, "Brownouts: shedding features, not requests"). What
+    /// each level turns off is the handler's to decide; [`load`](Self::load) is the automatic
+    /// counterpart, from the admission signals.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use triage::runtime::{HandlerError, Job};
+    /// use triage::Criticality;
+    ///
+    /// async fn handle(job: Job<String>) -> Result<(), HandlerError> {
+    ///     if job.brownout() == 0 {
+    ///         // full service: enrich, recommend, render the rich preview
+    ///     }
+    ///     let _ = job.payload();
+    ///     Ok(())
+    /// }
+    /// let job = Job::detached("order".to_owned(), Criticality::High, None, quanta::Clock::new())
+    ///     .with_brownout(2);
+    /// assert_eq!(job.brownout(), 2);
+    /// # let _ = handle;
+    /// ```
+    pub fn brownout(&self) -> u8 {
+        self.brownout
+    }
 }
 
 impl<T> fmt::Debug for Job<T> {
@@ -140,6 +179,7 @@ impl<T> fmt::Debug for Job<T> {
             .field("attempt", &self.attempt)
             .field("deadline", &self.deadline)
             .field("load", &self.load)
+            .field("brownout", &self.brownout)
             .finish_non_exhaustive()
     }
 }

@@ -32,6 +32,9 @@
 //! | `triage_queue_depth` | gauge | tier | items queued |
 //! | `triage_queue_age_seconds` | gauge | tier | queue age the tier sees (oldest item at or above it) |
 //! | `triage_shed_level` | gauge | | tiers refused by pull-based admission, 0..=3 (bottom prefix of the ladder) |
+//! | `triage_config_generation` | gauge | | configuration in force: 1 at start, one more per applied reconfiguration |
+//! | `triage_forced_shed_level` | gauge | | tiers refused by the operator's switch (`forced_shed_level`), 0..=3 |
+//! | `triage_brownout_level` | gauge | | the operator's brownout level handlers read (`brownout_level`), 0 for full service |
 //! | `triage_arrival_rate` | gauge | | arrival rate pull-based admission infers (pulling + lag trend), messages/s |
 //! | `triage_capacity` | gauge | | capacity it measures (limit / mean handler time), messages/s |
 //! | `triage_lag` | gauge | | messages waiting in the brokers for the attached sources (-1: unknown) |
@@ -213,6 +216,21 @@ pub(crate) const SHED_LEVEL: Def = gauge_def(
     None,
     "Tiers refused by pull-based admission (arrival beyond capacity), 0 (all admitted) to 3 (Critical only), lowest tiers first.",
 );
+pub(crate) const CONFIG_GENERATION: Def = gauge_def(
+    "triage_config_generation",
+    None,
+    "Generation of the configuration in force: 1 at start, one more per reconfiguration applied live (a refused one changes nothing).",
+);
+pub(crate) const FORCED_SHED_LEVEL: Def = gauge_def(
+    "triage_forced_shed_level",
+    None,
+    "Tiers refused by the operator's switch (forced_shed_level) whatever the signals, 0 (none) to 3 (Critical only), lowest tiers first.",
+);
+pub(crate) const BROWNOUT_LEVEL: Def = gauge_def(
+    "triage_brownout_level",
+    None,
+    "The operator's brownout level (brownout_level) that handlers read to do less work, 0 for full service.",
+);
 pub(crate) const ARRIVAL_RATE: Def = gauge_def(
     "triage_arrival_rate",
     None,
@@ -280,7 +298,7 @@ pub(crate) const REJECT_COST: Def = seconds_histogram(
 );
 
 /// Every metric the runtime records.
-pub(crate) const ALL: [&Def; 36] = [
+pub(crate) const ALL: [&Def; 39] = [
     &CONSUMED,
     &ADMITTED,
     &REFUSED,
@@ -304,6 +322,9 @@ pub(crate) const ALL: [&Def; 36] = [
     &QUEUE_DEPTH,
     &QUEUE_AGE,
     &SHED_LEVEL,
+    &CONFIG_GENERATION,
+    &FORCED_SHED_LEVEL,
+    &BROWNOUT_LEVEL,
     &ARRIVAL_RATE,
     &CAPACITY,
     &LAG,
@@ -387,6 +408,9 @@ pub(crate) struct Metrics {
     pub(crate) dead_letters_held: Gauge,
     pub(crate) panics: Counter,
     pub(crate) shed_level: Gauge,
+    pub(crate) config_generation: Gauge,
+    pub(crate) forced_shed_level: Gauge,
+    pub(crate) brownout_level: Gauge,
     pub(crate) arrival_rate: Gauge,
     pub(crate) capacity: Gauge,
     pub(crate) lag: Gauge,
@@ -435,6 +459,9 @@ impl Metrics {
             dead_letters_held: gauge!(DEAD_LETTERS_HELD.name),
             panics: counter!(PANICS.name),
             shed_level: gauge!(SHED_LEVEL.name),
+            config_generation: gauge!(CONFIG_GENERATION.name),
+            forced_shed_level: gauge!(FORCED_SHED_LEVEL.name),
+            brownout_level: gauge!(BROWNOUT_LEVEL.name),
             arrival_rate: gauge!(ARRIVAL_RATE.name),
             capacity: gauge!(CAPACITY.name),
             lag: gauge!(LAG.name),

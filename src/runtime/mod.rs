@@ -28,6 +28,7 @@ mod item;
 mod job;
 mod memory;
 pub mod metrics;
+mod reconfigure;
 mod report;
 mod sink;
 mod source;
@@ -48,6 +49,7 @@ pub use config::{LoadConfigError, RefusalPolicy, RetryConfig, RuntimeConfig};
 pub use envelope::Envelope;
 pub use job::{HandlerError, Job, LoadLevel};
 pub use memory::{AckCounts, MemoryBroker, MemorySink, MemorySource};
+pub use reconfigure::{ConfigHandle, ReconfigureError, Reconfigured, FIXED};
 pub use report::{Report, RuntimeStats};
 pub use sink::{DeadLetterSink, DeferReason, DeferSink, Republish, SinkError};
 pub use source::Source;
@@ -195,13 +197,24 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             refused: Default::default(),
             admitted: Default::default(),
         });
+        accounts.metrics.config_generation.set(1.0);
+        accounts
+            .metrics
+            .forced_shed_level
+            .set(f64::from(config.forced_shed_level));
+        accounts
+            .metrics
+            .brownout_level
+            .set(f64::from(config.brownout_level));
+        let live = reconfigure::Live::new(&config);
         let dead_lettering = Arc::new(tokio::sync::Semaphore::new(config.max_dead_lettering.get()));
         let inner = Arc::new(Inner {
             queue,
             limit,
             accounts,
             deferring: Arc::new(tokio::sync::Semaphore::new(config.max_deferring.get())),
-            config,
+            config: arc_swap::ArcSwap::from_pointee(config),
+            live,
             defer: self.defer,
             dead_letter: self.dead_letter,
             observer: self.observer,
@@ -357,7 +370,10 @@ impl<T: Send + Sync + 'static> Runtime<T> {
         }
         let tier = envelope.effective_criticality();
         inner.pushed_seen.store(true, Ordering::Relaxed);
-        if inner.config.policy[tier] == RefusalPolicy::Backpressure && !inner.queue.admits(tier) {
+        let forced = !crate::admission::admits_at(inner.live.forced_level(), tier);
+        if inner.config().policy[tier] == RefusalPolicy::Backpressure
+            && (forced || !inner.queue.admits(tier))
+        {
             inner.accounts.metrics.tiers[tier].refused[0].increment(1);
             return Err(SubmitError::Overloaded(envelope));
         }
@@ -400,6 +416,87 @@ impl<T: Send + Sync + 'static> Runtime<T> {
     /// the slots it holds: the capacity it estimates is the workers' own.
     pub fn concurrency_limit(&self) -> ConcurrencyLimit {
         self.inner.limit.clone()
+    }
+
+    /// Applies `config` to the running runtime, all or nothing, without a restart (seeds 002
+    /// and 003: settings changed without a deploy): the queue's weights, capacity, byte
+    /// budget and queue-age cut-offs, the concurrency shares and limit algorithm, the refusal
+    /// policies, pull-based admission, retries, deferral settings, the forced shed and
+    /// brownout levels. Shrinking the queue evicts by the push rule (the newest message of the
+    /// lowest tier first), and each evicted message goes through its tier's refusal policy,
+    /// so it ends in one disposition like any other. The settings in [`FIXED`] cannot change
+    /// while running. One line is logged naming each field that changed, and the generation
+    /// (`triage_config_generation`) goes up by one; a configuration equal to the one in force
+    /// changes nothing. The module `reconfigure.rs` documents the order of the steps.
+    ///
+    /// # Errors
+    ///
+    /// [`ReconfigureError::Invalid`] with the [`ConfigError`] of the first field out of range,
+    /// naming it and its allowed range; of an explicit `defer` policy without a defer sink; or
+    /// of a [`FIXED`] setting changed. Nothing changes then: the configuration in force, read
+    /// back with [`config`](Self::config), is the one before the call.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use triage::runtime::{HandlerError, Job, Runtime, RuntimeConfig};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let runtime = Runtime::builder(RuntimeConfig::default())
+    ///     .start(|_job: Job<u32>| async { Ok::<(), HandlerError>(()) })?;
+    ///
+    /// // An incident: refuse Sheddable and Medium whatever the signals say.
+    /// let mut config = RuntimeConfig::clone(&runtime.config());
+    /// config.forced_shed_level = 2;
+    /// let done = runtime.reconfigure(config.clone())?;
+    /// assert_eq!(done.generation, 2);
+    /// assert_eq!(done.changes, ["forced_shed_level: 0 -> 2"]);
+    ///
+    /// // Out of range: refused, naming the field; nothing changes.
+    /// config.forced_shed_level = 4;
+    /// let err = runtime.reconfigure(config).unwrap_err();
+    /// assert_eq!(err.field(), Some("forced_shed_level"));
+    /// assert_eq!(runtime.config().forced_shed_level, 2);
+    /// assert_eq!(runtime.config_generation(), 2);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reconfigure(&self, config: RuntimeConfig) -> Result<Reconfigured, ReconfigureError> {
+        self.inner.reconfigure(config)
+    }
+
+    /// Reads the TOML file at `path` and applies it as [`reconfigure`](Self::reconfigure)
+    /// does, logging the fields that changed or, for a file refused, the error (nothing
+    /// changes then).
+    ///
+    /// # Errors
+    ///
+    /// As [`reconfigure`](Self::reconfigure), plus [`ReconfigureError::Read`] and
+    /// [`ReconfigureError::Parse`] for a file that cannot be read or parsed.
+    pub fn reload(
+        &self,
+        path: impl AsRef<std::path::Path>,
+    ) -> Result<Reconfigured, ReconfigureError> {
+        self.config_handle().reload(path)
+    }
+
+    /// The configuration in force, with the refusal policies resolved against the sinks
+    /// (`defer_or_drop` reads back as `defer` or `drop`).
+    pub fn config(&self) -> Arc<RuntimeConfig> {
+        self.inner.config.load_full()
+    }
+
+    /// The generation of the configuration in force: 1 at start, one more per applied
+    /// reconfiguration (the `triage_config_generation` gauge).
+    pub fn config_generation(&self) -> u64 {
+        self.inner.live.generation()
+    }
+
+    /// A handle that reconfigures this runtime from elsewhere (another task, a signal, an
+    /// admin endpoint) while the runtime itself is held by its owner.
+    pub fn config_handle(&self) -> ConfigHandle {
+        ConfigHandle::new(&self.inner)
     }
 
     /// The accounting right now.
