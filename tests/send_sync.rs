@@ -7,8 +7,9 @@ use triage::limit::{ConcurrencyLimit, Limiter, Permit, TierShares};
 use triage::ordering::{Arrival, KeyGate, NullKeyOrdering, OrderingConfig, OrderingMode};
 use triage::queue::{Dequeued, Entry, Evictions, PushError, QueueStats, WfqConfig, WfqQueue};
 use triage::runtime::{
-    Ack, Envelope, HandlerError, Job, MemoryBroker, MemorySink, MemorySource, Report, Runtime,
-    RuntimeConfig, RuntimeStats, SinkError, SubmitError,
+    Ack, ConfigHandle, Envelope, HandlerError, Job, MemoryBroker, MemorySink, MemorySource,
+    ReconfigureError, Reconfigured, Report, Runtime, RuntimeConfig, RuntimeStats, SinkError,
+    SubmitError,
 };
 use triage::{ConfigError, Criticality, PerTier};
 
@@ -57,5 +58,8 @@ fn public_types_are_send_and_sync() {
     send_sync::<OrderingConfig>();
     send_sync::<KeyGate<Cell>>();
     send::<Arrival<Cell>>();
+    send_sync::<ConfigHandle>();
+    send_sync::<Reconfigured>();
+    send_sync::<ReconfigureError>();
     let _ = sync::<Criticality>;
 }
