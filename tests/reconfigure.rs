@@ -227,6 +227,7 @@ async fn an_invalid_config_is_refused_naming_the_field_and_changes_nothing() {
     assert_eq!(err.field(), Some("policy.medium"));
     assert_eq!(*rt.config(), *original);
     assert_eq!(rt.config_generation(), 1);
+    assert_eq!(rt.config_refused(), 3);
 
     // Behaviour unchanged: the old weights still rule the pops, nothing is forced.
     gated.serve(1_000).await;
@@ -420,8 +421,47 @@ async fn reload_reads_the_file_and_a_bad_file_changes_nothing() {
     let err = rt.reload(&path).unwrap_err();
     assert!(matches!(err, ReconfigureError::Read { .. }), "{err}");
     assert_eq!(rt.config_generation(), 2);
+    assert_eq!(rt.config_refused(), 3);
     assert_eq!(rt.config().forced_shed_level, 1);
     assert!(submit(&rt, 2, Criticality::Sheddable).is_err());
     let _ = std::fs::remove_dir_all(&dir);
+    drop(rt);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_limit_the_shares_and_pull_admission_change_live() {
+    let rt = Runtime::builder(RuntimeConfig::default())
+        .start(|_job: Job<u32>| async { Ok::<(), HandlerError>(()) })
+        .unwrap();
+    let limit = rt.concurrency_limit();
+    assert_eq!(rt.stats().limit, 8); // fixed at `workers` without a [limit]
+    assert_eq!(limit.allowed(Criticality::Sheddable), 4);
+
+    let mut config = RuntimeConfig::clone(&rt.config());
+    config.limit = Some(triage::limit::LimitConfig::Fixed { limit: 4 });
+    config.shares = triage::limit::TierShares::new(1.0, 0.5, 0.5, 0.25).unwrap();
+    config.admission.prefetch_per_slot = 5;
+    let done = rt.reconfigure(config.clone()).unwrap();
+    assert_eq!(
+        done.changes,
+        [
+            "admission.prefetch_per_slot: 2 -> 5",
+            "limit: (none) -> { kind = \"fixed\", limit = 4 }",
+            "shares.high: 0.9 -> 0.5",
+            "shares.medium: 0.75 -> 0.5",
+            "shares.sheddable: 0.5 -> 0.25",
+        ]
+    );
+    assert_eq!(rt.stats().limit, 4);
+    assert_eq!(limit.allowed(Criticality::High), 2);
+    assert_eq!(limit.allowed(Criticality::Sheddable), 1);
+    assert_eq!(rt.config().admission.prefetch_per_slot, 5);
+
+    // Shares alone: the limit algorithm is not rebuilt.
+    config.shares = triage::limit::TierShares::default();
+    let done = rt.reconfigure(config).unwrap();
+    assert_eq!(done.changes.len(), 3, "{:?}", done.changes);
+    assert_eq!(rt.stats().limit, 4);
+    assert_eq!(limit.allowed(Criticality::Sheddable), 2);
     drop(rt);
 }

@@ -4,7 +4,13 @@
 //! cargo run --release --example overload
 //! cargo run --release --example overload -- --factor 10 --duration-s 10 --workers 8
 //! cargo run --release --features prometheus --example overload -- --metrics 127.0.0.1:9898
+//! cargo run --release --features reload --example overload -- --config runtime.toml --duration-s 60
 //! ```
+//!
+//! With `--config FILE` the run starts from that runtime configuration (TOML, the fields of
+//! `RuntimeConfig`; its `workers` and `queue.capacity` replace `--workers` and `--capacity`),
+//! and, built with `--features reload`, re-reads it live on `kill -HUP <pid>`: set
+//! `forced_shed_level = 2` and watch `refusing` rise on the live line without a restart.
 //!
 //! An in-memory broker is fed at `--factor` times the workers' measured capacity (a handler
 //! with a fixed service time), with the tier mix `--mix` (percent) and a deadline per tier. It
@@ -54,6 +60,11 @@ struct Args {
     /// No live line, only the tables.
     #[arg(long)]
     quiet: bool,
+    /// Runtime configuration (TOML, `RuntimeConfig`) for the triage run; its `workers` and
+    /// `queue.capacity` replace `--workers` and `--capacity`. With `--features reload`,
+    /// `kill -HUP <pid>` re-reads it into the running runtime.
+    #[arg(long, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
 }
 
 fn parse_mix(s: &str) -> Result<[u32; 4], String> {
@@ -115,6 +126,20 @@ async fn main() -> ExitCode {
             }
         },
     };
+    let base = match &args.config {
+        None => None,
+        Some(path) => match std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|text| {
+                triage::runtime::RuntimeConfig::from_toml(&text).map_err(|e| e.to_string())
+            }) {
+            Ok(config) => Some(config),
+            Err(e) => {
+                eprintln!("error: --config {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        },
+    };
     let params = sim::Params {
         factor: args.factor,
         mix: args.mix,
@@ -124,7 +149,17 @@ async fn main() -> ExitCode {
         service: Duration::from_secs_f64(args.service_ms / 1000.0),
         capacity: args.capacity,
         live: (!args.quiet).then_some(Duration::from_secs(1)),
+        reload: args.config.clone(),
         ..sim::Params::default()
+    };
+    let params = match base {
+        Some(base) => sim::Params {
+            workers: base.workers.get(),
+            capacity: base.queue.capacity.get(),
+            base: Some(base),
+            ..params
+        },
+        None => params,
     };
     println!(
         "triage overload run: {} workers, {} service time, queue capacity {} messages",

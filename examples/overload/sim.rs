@@ -41,6 +41,12 @@ pub struct Params {
     pub windows: PerTier<Duration>,
     /// Print a live line (see [`Live`]) this often during the phases; `None`: quiet.
     pub live: Option<Duration>,
+    /// The runtime configuration to start from (a `--config` file), in place of the default
+    /// with `workers` and `capacity`.
+    pub base: Option<RuntimeConfig>,
+    /// Re-read this configuration file on SIGHUP during the run (`--config`, with the
+    /// `reload` feature).
+    pub reload: Option<std::path::PathBuf>,
 }
 
 impl Default for Params {
@@ -61,6 +67,8 @@ impl Default for Params {
                 Duration::from_millis(100),
             ),
             live: None,
+            base: None,
+            reload: None,
         }
     }
 }
@@ -229,6 +237,9 @@ fn handler(
 }
 
 fn config(p: &Params) -> RuntimeConfig {
+    if let Some(base) = &p.base {
+        return base.clone();
+    }
     let mut c = RuntimeConfig {
         workers: p.workers.try_into().expect("workers > 0"),
         poll_interval_ms: 1,
@@ -236,6 +247,35 @@ fn config(p: &Params) -> RuntimeConfig {
     };
     c.queue.capacity = p.capacity.try_into().expect("capacity > 0");
     c
+}
+
+/// With `--config` and the `reload` feature: `kill -HUP <pid>` re-reads the file into the
+/// running runtime (say `forced_shed_level = 2`, or new weights), logged on stderr.
+#[cfg(all(unix, feature = "reload"))]
+fn reload_on_sighup(rt: &Runtime<Msg>, p: &Params) -> Option<tokio::task::JoinHandle<()>> {
+    let path = p.reload.as_ref()?;
+    match rt.config_handle().reload_on_sighup(path) {
+        Ok(task) => {
+            eprintln!(
+                "kill -HUP {} re-reads {} into the running runtime",
+                std::process::id(),
+                path.display()
+            );
+            Some(task)
+        }
+        Err(e) => {
+            eprintln!("SIGHUP reload not available: {e}");
+            None
+        }
+    }
+}
+
+#[cfg(not(all(unix, feature = "reload")))]
+fn reload_on_sighup(_rt: &Runtime<Msg>, p: &Params) -> Option<()> {
+    if p.reload.is_some() {
+        eprintln!("--config is read once: build with --features reload to re-read it on SIGHUP");
+    }
+    None
 }
 
 /// Measures messages/s with every worker busy.
@@ -324,6 +364,7 @@ pub async fn run(p: &Params) -> Outcome {
         .expect("valid config");
     rt.attach(broker.source());
     rt.attach_drain(deferred.source());
+    let _reload = reload_on_sighup(&rt, p);
     let s0 = rt.stats();
     let mut live = Live::new(p.live, &s0);
     let mut max_alive = 0u64;
@@ -529,7 +570,8 @@ Live line, once a second: [elapsed phase] consumed, goodput, queued, running, he
   queued     messages waiting in triage's queue
   running    handlers running / the current concurrency limit
   held       messages held by backpressure (their tier is refused and its policy is to wait)
-  refusing   tiers refused by admission (arrival beyond capacity), lowest first (0 of 4 = all admitted)
+  refusing   tiers refused by admission (arrival beyond capacity, or the forced_shed_level of a --config
+             file), lowest first (0 of 4 = all admitted)
   deferred   messages per second published to the defer store (drained back when load falls)";
 
 /// Prints the live line at most every `every`, with rates since the previous line.

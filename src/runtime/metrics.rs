@@ -33,6 +33,7 @@
 //! | `triage_queue_age_seconds` | gauge | tier | queue age the tier sees (oldest item at or above it) |
 //! | `triage_shed_level` | gauge | | tiers refused by pull-based admission, 0..=3 (bottom prefix of the ladder) |
 //! | `triage_config_generation` | gauge | | configuration in force: 1 at start, one more per applied reconfiguration |
+//! | `triage_config_refused_total` | counter | | reconfigurations and reloads refused (invalid value, unreadable or unparsable file): the configuration in force stayed |
 //! | `triage_forced_shed_level` | gauge | | tiers refused by the operator's switch (`forced_shed_level`), 0..=3 |
 //! | `triage_brownout_level` | gauge | | the operator's brownout level handlers read (`brownout_level`), 0 for full service |
 //! | `triage_arrival_rate` | gauge | | arrival rate pull-based admission infers (pulling + lag trend), messages/s |
@@ -221,6 +222,10 @@ pub(crate) const CONFIG_GENERATION: Def = gauge_def(
     None,
     "Generation of the configuration in force: 1 at start, one more per reconfiguration applied live (a refused one changes nothing).",
 );
+pub(crate) const CONFIG_REFUSED: Def = counter_def(
+    "triage_config_refused_total",
+    "Reconfigurations and configuration reloads refused (a value out of range, a file that could not be read or parsed); the configuration in force stayed.",
+);
 pub(crate) const FORCED_SHED_LEVEL: Def = gauge_def(
     "triage_forced_shed_level",
     None,
@@ -298,7 +303,7 @@ pub(crate) const REJECT_COST: Def = seconds_histogram(
 );
 
 /// Every metric the runtime records.
-pub(crate) const ALL: [&Def; 39] = [
+pub(crate) const ALL: [&Def; 40] = [
     &CONSUMED,
     &ADMITTED,
     &REFUSED,
@@ -323,6 +328,7 @@ pub(crate) const ALL: [&Def; 39] = [
     &QUEUE_AGE,
     &SHED_LEVEL,
     &CONFIG_GENERATION,
+    &CONFIG_REFUSED,
     &FORCED_SHED_LEVEL,
     &BROWNOUT_LEVEL,
     &ARRIVAL_RATE,
@@ -409,6 +415,7 @@ pub(crate) struct Metrics {
     pub(crate) panics: Counter,
     pub(crate) shed_level: Gauge,
     pub(crate) config_generation: Gauge,
+    pub(crate) config_refused: Counter,
     pub(crate) forced_shed_level: Gauge,
     pub(crate) brownout_level: Gauge,
     pub(crate) arrival_rate: Gauge,
@@ -460,6 +467,7 @@ impl Metrics {
             panics: counter!(PANICS.name),
             shed_level: gauge!(SHED_LEVEL.name),
             config_generation: gauge!(CONFIG_GENERATION.name),
+            config_refused: counter!(CONFIG_REFUSED.name),
             forced_shed_level: gauge!(FORCED_SHED_LEVEL.name),
             brownout_level: gauge!(BROWNOUT_LEVEL.name),
             arrival_rate: gauge!(ARRIVAL_RATE.name),

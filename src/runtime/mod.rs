@@ -493,6 +493,12 @@ impl<T: Send + Sync + 'static> Runtime<T> {
         self.inner.live.generation()
     }
 
+    /// Reconfigurations and reloads refused so far (`triage_config_refused_total`): each left
+    /// the configuration in force as it was.
+    pub fn config_refused(&self) -> u64 {
+        self.inner.live.refused()
+    }
+
     /// A handle that reconfigures this runtime from elsewhere (another task, a signal, an
     /// admin endpoint) while the runtime itself is held by its owner.
     pub fn config_handle(&self) -> ConfigHandle {

@@ -68,6 +68,8 @@ pub const FIXED: &[(&str, &str)] = &[
 pub(crate) struct Live {
     /// 1 at start, one more per applied reconfiguration.
     generation: AtomicU64,
+    /// Reconfigurations and reloads refused (`triage_config_refused_total`).
+    refused: AtomicU64,
     /// `RuntimeConfig::forced_shed_level`.
     forced_level: AtomicU8,
     /// `RuntimeConfig::brownout_level`.
@@ -80,6 +82,7 @@ impl Live {
     pub(crate) fn new(config: &RuntimeConfig) -> Self {
         Live {
             generation: AtomicU64::new(1),
+            refused: AtomicU64::new(0),
             forced_level: AtomicU8::new(config.forced_shed_level),
             brownout: AtomicU8::new(config.brownout_level),
             serial: parking_lot::Mutex::new(()),
@@ -88,6 +91,10 @@ impl Live {
 
     pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Acquire)
     }
 
     /// The operator's forced shed level: tiers with `rank() < level` are refused.
@@ -179,14 +186,31 @@ pub(crate) fn read_config(path: &std::path::Path) -> Result<RuntimeConfig, Recon
 }
 
 impl<T: Send + Sync + 'static> Inner<T> {
-    /// Applies `config` live, all or nothing (see the module docs).
+    /// Applies `config` live, all or nothing (see the module docs); counts a refusal.
     pub(crate) fn reconfigure(
         self: &Arc<Self>,
-        mut config: RuntimeConfig,
+        config: RuntimeConfig,
     ) -> Result<Reconfigured, ReconfigureError> {
         if self.stop.is_cancelled() {
             return Err(ReconfigureError::Stopped);
         }
+        let done = self.apply(config);
+        if done.is_err() {
+            self.count_refused();
+        }
+        done
+    }
+
+    /// A reconfiguration or reload refused: counted for `triage_config_refused_total`.
+    pub(crate) fn count_refused(&self) {
+        self.live.refused.fetch_add(1, Ordering::AcqRel);
+        self.accounts.metrics.config_refused.increment(1);
+    }
+
+    fn apply(
+        self: &Arc<Self>,
+        mut config: RuntimeConfig,
+    ) -> Result<Reconfigured, ReconfigureError> {
         let _serial = self.live.serial.lock();
         let old = self.config.load_full();
 
@@ -312,6 +336,7 @@ fn diff(old: &RuntimeConfig, new: &RuntimeConfig) -> Vec<Change> {
         }),
         _ => {}
     }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
     out
 }
 
@@ -379,6 +404,9 @@ impl std::fmt::Debug for ConfigHandle {
 trait Reconfigurable: Send + Sync {
     fn reconfigure(&self, config: RuntimeConfig) -> Result<Reconfigured, ReconfigureError>;
     fn current(&self) -> Option<(Arc<RuntimeConfig>, u64)>;
+    /// Counts a file that could not be read or parsed; `None` once the runtime is gone.
+    fn count_refused(&self) -> Option<u64>;
+    fn refused(&self) -> Option<u64>;
 }
 
 /// Holds the runtime weakly: a handle must not keep a stopped runtime's state alive.
@@ -394,6 +422,16 @@ impl<T: Send + Sync + 'static> Reconfigurable for Target<T> {
         let inner = self.0.upgrade()?;
         let _serial = inner.live.serial.lock();
         Some((inner.config.load_full(), inner.live.generation()))
+    }
+
+    fn count_refused(&self) -> Option<u64> {
+        let inner = self.0.upgrade()?;
+        inner.count_refused();
+        Some(inner.live.refused())
+    }
+
+    fn refused(&self) -> Option<u64> {
+        self.0.upgrade().map(|inner| inner.live.refused())
     }
 }
 
@@ -429,7 +467,13 @@ impl ConfigHandle {
         path: impl AsRef<std::path::Path>,
     ) -> Result<Reconfigured, ReconfigureError> {
         let path = path.as_ref();
-        let done = read_config(path).and_then(|config| self.target.reconfigure(config));
+        let done = match read_config(path) {
+            Ok(config) => self.target.reconfigure(config),
+            Err(e) => match self.target.count_refused() {
+                Some(_) => Err(e),
+                None => Err(ReconfigureError::Stopped),
+            },
+        };
         match &done {
             Ok(done) if done.changes.is_empty() => tracing::info!(
                 path = %path.display(),
@@ -453,6 +497,13 @@ impl ConfigHandle {
     /// reconfiguration), or `None` once the runtime is gone.
     pub fn generation(&self) -> Option<u64> {
         self.target.current().map(|(_, g)| g)
+    }
+
+    /// Reconfigurations and reloads refused so far (`triage_config_refused_total`): an
+    /// invalid configuration, a file that could not be read or parsed. `None` once the
+    /// runtime is gone.
+    pub fn refused(&self) -> Option<u64> {
+        self.target.refused()
     }
 
     /// Reloads the TOML file at `path` on every `SIGHUP`, on a task of the current tokio
