@@ -109,6 +109,12 @@ impl RetryConfig {
 
 /// Configuration of a [`Runtime`](crate::runtime::Runtime).
 ///
+/// Every field can change while the runtime runs, with
+/// [`Runtime::reconfigure`](crate::runtime::Runtime::reconfigure) (all or nothing) or a reload
+/// of the file, except `workers`, `max_deferring` and `max_dead_lettering`
+/// ([`FIXED`](crate::runtime::FIXED)): a change to one of those is refused, naming it. The
+/// README's "Changing settings while running" says when each setting takes effect.
+///
 /// # Examples
 ///
 /// ```
@@ -140,7 +146,8 @@ impl RetryConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct RuntimeConfig {
     /// Worker tasks: the most handlers that can ever run at once. The concurrency limit moves
-    /// below it. Allowed `1..=100_000`. Default `8`.
+    /// below it. Allowed `1..=100_000`. Default `8`. Fixed while running (change `limit`
+    /// instead).
     #[serde(deserialize_with = "crate::config_de::count::<_, 100_000>")]
     pub workers: NonZeroUsize,
     /// The queue: capacity, byte budget, weights, and the queue-age cut-offs that admit
@@ -151,6 +158,8 @@ pub struct RuntimeConfig {
     /// trend against the measured capacity), not a deep queue. See [`PullAdmissionConfig`].
     pub admission: PullAdmissionConfig,
     /// Concurrency limit algorithm (fixed, AIMD or Gradient2). Default: fixed at `workers`.
+    /// Changed live, the algorithm restarts at its `initial` limit; a reconfiguration that
+    /// leaves this section as it is keeps the algorithm's adaptive state.
     pub limit: Option<LimitConfig>,
     /// Share of the concurrency limit each tier may use (priority-scaled concurrency shares, as in
     /// "Load Shedding: Drop Low-Priority Work to Save the Rest"). Default
@@ -181,7 +190,8 @@ pub struct RuntimeConfig {
     /// topics. Allowed `1..=1000`. Default `3`.
     pub max_deferrals: u32,
     /// Deferrals waiting for their broker confirm at once; past it, refused messages of a
-    /// Defer tier are held (backpressure). Allowed `1..=100_000`. Default `256`.
+    /// Defer tier are held (backpressure). Allowed `1..=100_000`. Default `256`. Fixed while
+    /// running.
     #[serde(deserialize_with = "crate::config_de::count::<_, 100_000>")]
     pub max_deferring: NonZeroUsize,
     /// Dead letters being published at once, off the workers (each a task: publishing,
@@ -190,7 +200,7 @@ pub struct RuntimeConfig {
     /// [`DeadLetterSink`](crate::runtime::DeadLetterSink) for the policy). A worker whose
     /// message fails for good hands it over and serves the next one at once; only when this
     /// many are already in the dead-letter path does it wait for one to finish (backpressure).
-    /// Allowed `1..=100_000`. Default `64`.
+    /// Allowed `1..=100_000`. Default `64`. Fixed while running.
     #[serde(deserialize_with = "crate::config_de::count::<_, 100_000>")]
     pub max_dead_lettering: NonZeroUsize,
     /// While the defer sink is failing in transport (`Unavailable`, `NotConfirmed`), how long

@@ -181,10 +181,11 @@ pub(crate) async fn run<S: Source>(
 {
     let mut held: Held<S::Payload> = Held::new();
     let mut paused = false;
-    let poll = inner.poll_interval();
     let mut finished = false;
     let mut paused_tiers = TierMask::NONE;
     loop {
+        // Read each turn: a live reconfiguration may change it.
+        let poll = inner.poll_interval();
         lag.store(source.lag().unwrap_or(u64::MAX), Ordering::Relaxed);
         let level = inner
             .shed_level
