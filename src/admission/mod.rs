@@ -1,6 +1,9 @@
 //! Admission: deciding, before any expensive work, whether a message may enter.
 //!
-//! Two signals, for two kinds of entry:
+//! Circuit breakers per downstream key ([`Breakers`]) refuse, before any handler call, the
+//! messages bound for a dependency that is failing: see its docs.
+//!
+//! Two load signals, for two kinds of entry:
 //!
 //! - **Pulled messages** (Kafka, RabbitMQ, the in-memory broker) are admitted by
 //!   [`PullAdmission`]: overload is arrival beyond capacity, inferred from the broker's lag
@@ -30,11 +33,17 @@
 //! cut-offs are too, so the shed tiers always form a bottom prefix and the decision fits in one
 //! number (see [`QueueAgeAdmission`]).
 
+mod breaker;
+mod breaker_config;
+mod breakers;
 mod config;
 mod pull;
 mod pull_config;
 mod queue_age;
 
+pub use breaker::{CircuitBreaker, CircuitState};
+pub use breaker_config::BreakerConfig;
+pub use breakers::{Breakers, Call, Outcome};
 pub use config::{QueueAgeConfig, MAX_CUTOFF_MS};
 pub use pull::{PullAdmission, PullSample};
 pub use pull_config::PullAdmissionConfig;
