@@ -212,6 +212,74 @@ async fn runtime_refuse_decision_allocates_nothing() {
     assert!(report.stats.balances(), "{report}");
 }
 
+/// Circuit-breaker-aware admission: looking the downstream key up (a hash of a borrowed
+/// `&str`) and refusing for an open circuit allocate nothing, shed (Drop) or handed back
+/// (Backpressure).
+#[tokio::test(flavor = "current_thread")]
+async fn circuit_refusal_allocates_nothing() {
+    use triage::admission::{BreakerConfig, CircuitState};
+    let mut config = RuntimeConfig {
+        workers: 1.try_into().unwrap(),
+        breaker: BreakerConfig {
+            min_calls: 1,
+            ..BreakerConfig::default()
+        },
+        ..RuntimeConfig::default()
+    };
+    config.policy = PerTier::new(
+        RefusalPolicy::Backpressure,
+        RefusalPolicy::Backpressure,
+        RefusalPolicy::Drop,
+        RefusalPolicy::Drop,
+    );
+    let build = move || {
+        Runtime::builder(config)
+            .downstream(|m: &(&'static str, u64)| Some(m.0))
+            .start(|_job: Job<(&'static str, u64)>| async { Ok(()) })
+            .unwrap()
+    };
+    #[cfg(feature = "prometheus")]
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    #[cfg(feature = "prometheus")]
+    let rt = metrics::with_local_recorder(&recorder, build);
+    #[cfg(not(feature = "prometheus"))]
+    let rt = build();
+    rt.breakers().record_failure("payments");
+    assert_eq!(rt.breakers().state("payments"), Some(CircuitState::Open));
+    let env = |i: u64, tier| Envelope::new(("payments", i), tier, Ack::noop());
+    for i in 0..2_000 {
+        rt.try_submit(env(i, Criticality::Sheddable)).unwrap();
+    }
+    let batch: Vec<_> = (0..10_000)
+        .map(|i| env(i, Criticality::Sheddable))
+        .collect();
+    let n = allocations_in(|| {
+        for e in batch {
+            rt.try_submit(e).unwrap();
+        }
+    });
+    assert_eq!(n, 0, "circuit refusal (drop) allocated {n} times");
+
+    let batch: Vec<_> = (0..10_000).map(|i| env(i, Criticality::Critical)).collect();
+    let mut back = Vec::with_capacity(10_000);
+    let n = allocations_in(|| {
+        for e in batch {
+            match rt.try_submit(e) {
+                Err(SubmitError::CircuitOpen(e)) => back.push(e),
+                other => panic!("expected circuit open, got {other:?}"),
+            }
+        }
+    });
+    assert_eq!(n, 0, "circuit refusal (backpressure) allocated {n} times");
+    assert_eq!(back.len(), 10_000);
+    drop(back);
+    let stats = rt.stats();
+    assert_eq!(stats.ledger.tier(Criticality::Sheddable).shed, 12_000);
+    assert_eq!(stats.refused[Criticality::Sheddable], 12_000);
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+}
+
 /// Allocations the runtime makes while it serves `messages` in-memory messages (no-op handler,
 /// one thread, so the thread-local count sees every task), publishing and start-up excluded.
 async fn runtime_allocations(messages: u64) -> u64 {

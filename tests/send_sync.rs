@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+use triage::admission::{BreakerConfig, Breakers, Call, CircuitBreaker, CircuitState};
 use triage::ledger::{AckTracker, Ledger, LedgerSnapshot};
 use triage::limit::{ConcurrencyLimit, Limiter, Permit, TierShares};
 use triage::ordering::{Arrival, KeyGate, NullKeyOrdering, OrderingConfig, OrderingMode};
@@ -61,5 +62,10 @@ fn public_types_are_send_and_sync() {
     send_sync::<ConfigHandle>();
     send_sync::<Reconfigured>();
     send_sync::<ReconfigureError>();
+    send_sync::<BreakerConfig>();
+    send_sync::<Breakers>();
+    send_sync::<CircuitBreaker>();
+    send_sync::<CircuitState>();
+    send_sync::<Call>();
     let _ = sync::<Criticality>;
 }

@@ -148,9 +148,7 @@ impl CircuitBreaker {
     pub(crate) fn try_call(&self, now_ns: u64, probes: u32) -> (Option<bool>, Transition) {
         match self.state.load(Ordering::Acquire) {
             CLOSED => (Some(false), Transition::None),
-            OPEN if now_ns < self.open_until_ns.load(Ordering::Acquire) => {
-                (None, Transition::None)
-            }
+            OPEN if now_ns < self.open_until_ns.load(Ordering::Acquire) => (None, Transition::None),
             _ => {
                 let mut w = self.window.lock();
                 let mut transition = Transition::None;
@@ -304,7 +302,10 @@ mod tests {
         assert_eq!(b.try_call(100 * MS, 2).0, None);
         // Recovery passed: admitted for queueing, and the first call turns it half-open.
         assert!(b.admits(203 * MS, 2));
-        assert_eq!(b.try_call(203 * MS, 2), (Some(true), Transition::HalfOpened));
+        assert_eq!(
+            b.try_call(203 * MS, 2),
+            (Some(true), Transition::HalfOpened)
+        );
         assert_eq!(b.try_call(203 * MS, 2), (Some(true), Transition::None));
         assert_eq!(b.try_call(203 * MS, 2).0, None, "only two probes");
         assert!(!b.admits(203 * MS, 2));
@@ -326,7 +327,10 @@ mod tests {
         assert_eq!(b.try_call(200 * MS, 2).0, Some(true));
         assert_eq!(b.record(true, None, 201 * MS, &c), Transition::None);
         assert_eq!(b.try_call(201 * MS, 2).0, Some(true), "slot given back");
-        assert_eq!(b.record(true, Some(false), 202 * MS, &c), Transition::Reopened);
+        assert_eq!(
+            b.record(true, Some(false), 202 * MS, &c),
+            Transition::Reopened
+        );
         assert!(!b.admits(300 * MS, 2));
         assert!(b.admits(402 * MS, 2));
     }
@@ -342,9 +346,18 @@ mod tests {
         b.record(false, Some(true), 1_500 * MS, &c);
         b.record(false, Some(true), 1_500 * MS, &c);
         b.record(false, Some(true), 1_500 * MS, &c);
-        assert_eq!(b.record(false, Some(false), 1_600 * MS, &c), Transition::None);
+        assert_eq!(
+            b.record(false, Some(false), 1_600 * MS, &c),
+            Transition::None
+        );
         assert_eq!(b.state(), CircuitState::Closed);
-        assert_eq!(b.record(false, Some(false), 1_600 * MS, &c), Transition::None);
-        assert_eq!(b.record(false, Some(false), 1_600 * MS, &c), Transition::Opened);
+        assert_eq!(
+            b.record(false, Some(false), 1_600 * MS, &c),
+            Transition::None
+        );
+        assert_eq!(
+            b.record(false, Some(false), 1_600 * MS, &c),
+            Transition::Opened
+        );
     }
 }

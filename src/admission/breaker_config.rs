@@ -91,11 +91,7 @@ impl BreakerConfig {
             ));
         }
         if !(1..=1_000_000).contains(&self.min_calls) {
-            return Err(ConfigError::new(
-                "min_calls",
-                self.min_calls,
-                "1..=1000000",
-            ));
+            return Err(ConfigError::new("min_calls", self.min_calls, "1..=1000000"));
         }
         if !(1..=3_600_000).contains(&self.recovery_ms) {
             return Err(ConfigError::new(
@@ -125,7 +121,8 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_each_bound_is_named() {
         BreakerConfig::default().validate().unwrap();
-        let cases: [(&str, fn(&mut BreakerConfig)); 7] = [
+        type Break = fn(&mut BreakerConfig);
+        let cases: [(&str, Break); 7] = [
             ("failure_rate", |c| c.failure_rate = 0.0),
             ("failure_rate", |c| c.failure_rate = f64::NAN),
             ("window_ms", |c| c.window_ms = 99),

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -107,6 +107,8 @@ pub enum Outcome {
 /// ```
 pub struct Breakers {
     config: RwLock<BreakerConfig>,
+    /// `config.enabled`, readable without the lock (once per message).
+    enabled: AtomicBool,
     keys: RwLock<HashMap<Box<str>, Arc<CircuitBreaker>>>,
     clock: Clock,
     origin: Instant,
@@ -145,6 +147,7 @@ impl Breakers {
     pub fn with_clock(config: BreakerConfig, clock: Clock) -> Result<Self, ConfigError> {
         config.validate().map_err(|e| e.within("breaker"))?;
         Ok(Breakers {
+            enabled: AtomicBool::new(config.enabled),
             config: RwLock::new(config),
             keys: RwLock::new(HashMap::new()),
             origin: clock.now(),
@@ -165,9 +168,16 @@ impl Breakers {
     /// A [`ConfigError`] naming the field (under `breaker.`); the old settings stay in force.
     pub fn apply(&self, config: BreakerConfig) -> Result<(), ConfigError> {
         config.validate().map_err(|e| e.within("breaker"))?;
+        self.replace(config);
+        Ok(())
+    }
+
+    /// [`apply`](Breakers::apply) of settings validated already (with the rest of a
+    /// `RuntimeConfig`), so it cannot fail.
+    pub(crate) fn replace(&self, config: BreakerConfig) {
+        self.enabled.store(config.enabled, Ordering::Relaxed);
         *self.config.write() = config;
         self.generation.fetch_add(1, Ordering::AcqRel);
-        Ok(())
     }
 
     /// The settings in force.
@@ -176,8 +186,9 @@ impl Breakers {
     }
 
     /// Whether breakers are switched on (`enabled`).
+    #[inline]
     pub fn enabled(&self) -> bool {
-        self.config.read().enabled
+        self.enabled.load(Ordering::Relaxed)
     }
 
     /// The breaker of `key`, created closed when first seen. `None` when `max_keys` keys are

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::admission::PullAdmissionConfig;
+use crate::admission::{BreakerConfig, PullAdmissionConfig};
 use crate::limit::{LimitConfig, TierShares};
 use crate::queue::WfqConfig;
 use crate::{ConfigError, PerTier};
@@ -157,6 +157,12 @@ pub struct RuntimeConfig {
     /// Admission of pulled messages: overload is arrival beyond capacity (the broker's lag
     /// trend against the measured capacity), not a deep queue. See [`PullAdmissionConfig`].
     pub admission: PullAdmissionConfig,
+    /// Circuit breakers per downstream key: messages bound for a downstream whose circuit is
+    /// open are refused at admission (reason `circuit`) and go to their tier's refusal policy,
+    /// never to a handler. See [`BreakerConfig`] for each knob and
+    /// [`RuntimeBuilder::downstream`](crate::runtime::RuntimeBuilder::downstream) for the
+    /// mapping of messages to keys.
+    pub breaker: BreakerConfig,
     /// Concurrency limit algorithm (fixed, AIMD or Gradient2). Default: fixed at `workers`.
     /// Changed live, the algorithm restarts at its `initial` limit; a reconfiguration that
     /// leaves this section as it is keeps the algorithm's adaptive state.
@@ -250,6 +256,7 @@ impl Default for RuntimeConfig {
             workers: NonZeroUsize::new(8).unwrap_or(NonZeroUsize::MIN),
             queue: WfqConfig::default(),
             admission: PullAdmissionConfig::default(),
+            breaker: BreakerConfig::default(),
             limit: None,
             shares: TierShares::default(),
             work_conserving: true,
@@ -328,6 +335,7 @@ impl RuntimeConfig {
         self.admission
             .validate()
             .map_err(|e| e.within("admission"))?;
+        self.breaker.validate().map_err(|e| e.within("breaker"))?;
         if self.share_reserve_ms > 600_000 {
             return Err(ConfigError::new(
                 "share_reserve_ms",

@@ -11,13 +11,13 @@ use quanta::{Clock, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::admission::{admits_at, PullAdmission, PullSample};
+use crate::admission::{admits_at, Breakers, Outcome, PullAdmission, PullSample};
 use crate::ledger::Disposition;
 use crate::limit::ConcurrencyLimit;
 use crate::ordering::{Arrival, KeyGate};
 use crate::queue::{Dequeued, Meta, RefuseReason, Removed, TierMask, TryPopError, WfqQueue};
 use crate::runtime::item::{Accounts, Item};
-use crate::runtime::metrics::{reason_index, EVICTED};
+use crate::runtime::metrics::{reason_index, CIRCUIT, EVICTED};
 use crate::runtime::{
     DeadLetterSink, DeferReason, DeferSink, HandlerError, Job, LoadLevel, RefusalPolicy, Republish,
     RuntimeConfig,
@@ -26,6 +26,9 @@ use crate::Criticality;
 
 /// Called with each message's disposition, just before its acknowledgement.
 pub(crate) type Observer<T> = Arc<dyn Fn(&T, Criticality, Disposition) + Send + Sync>;
+
+/// Maps a message to its downstream key, borrowed from the message (no allocation).
+pub(crate) type DownstreamFn<T> = Arc<dyn for<'a> Fn(&'a T) -> Option<&'a str> + Send + Sync>;
 
 pub(crate) type Handler<T> =
     Arc<dyn Fn(Job<T>) -> BoxFuture<'static, Result<(), HandlerError>> + Send + Sync>;
@@ -79,6 +82,9 @@ pub(crate) struct Inner<T> {
     pub(crate) dead_letter: Option<Arc<dyn DeadLetterSink<T>>>,
     pub(crate) handler: Handler<T>,
     pub(crate) observer: Option<Observer<T>>,
+    /// Circuit breakers per downstream key, and the mapping of a message to its key.
+    pub(crate) breakers: Arc<Breakers>,
+    pub(crate) downstream: Option<DownstreamFn<T>>,
     pub(crate) clock: Clock,
     /// Stop taking new work (shutdown began).
     pub(crate) stop: CancellationToken,
@@ -134,6 +140,10 @@ pub(crate) enum Offer<T> {
     /// The offered item was queued, and evicted this one, whose tier's policy is
     /// Backpressure: the caller holds the victim and offers it again later.
     Evicted(Item<T>),
+    /// Refused because its downstream's circuit is open, under Backpressure: the caller holds
+    /// it apart from the items refused for load (other messages of its tier are not refused)
+    /// and offers it again when a circuit changes state.
+    CircuitHold(Item<T>),
 }
 
 impl<T> Inner<T> {
@@ -239,7 +249,9 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
         match self.offer(item) {
             Offer::Taken => {}
-            Offer::Hold(held) | Offer::Evicted(held) => self.hold_in_task(held),
+            Offer::Hold(held) | Offer::Evicted(held) | Offer::CircuitHold(held) => {
+                self.hold_in_task(held)
+            }
         }
     }
 
@@ -266,6 +278,17 @@ impl<T: Send + Sync + 'static> Inner<T> {
         self.expire(item);
     }
 
+    /// Looks up the breaker of the item's downstream key, once per consumed message: a hash of
+    /// a key borrowed from the message, no allocation (but for a key never seen before).
+    #[inline]
+    pub(crate) fn map_downstream(&self, item: &mut Item<T>) {
+        if let Some(key_of) = &self.downstream {
+            if self.breakers.enabled() {
+                item.circuit = key_of(item.payload()).and_then(|k| self.breakers.breaker(k));
+            }
+        }
+    }
+
     pub(crate) fn poll_interval(&self) -> Duration {
         Duration::from_millis(self.config().poll_interval_ms)
     }
@@ -284,6 +307,13 @@ impl<T: Send + Sync + 'static> Inner<T> {
         } else {
             None
         };
+        // A message bound for a downstream whose circuit is open would only fail: refused before
+        // it takes a place in the queue, whatever the load.
+        if let Some(b) = &item.circuit {
+            if !self.breakers.admits(b) {
+                return self.refused_circuit(item, started);
+            }
+        }
         // A shed tier is refused only while the workers have enough queued to do: refusal makes
         // room for more important work, and idle workers next to held work make none.
         // The operator's forced level refuses whatever the signals say (seed 002: one switch).
@@ -356,22 +386,44 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// The refuse path: counted once per message, then the tier's policy.
     pub(crate) fn refused(
         self: &Arc<Self>,
-        mut item: Item<T>,
+        item: Item<T>,
         reason: RefuseReason,
         started: Option<Instant>,
     ) -> Offer<T> {
+        let defer_reason = match reason {
+            RefuseReason::Full | RefuseReason::TooLarge => DeferReason::Full,
+            _ => DeferReason::Overloaded,
+        };
+        self.refused_as(item, reason_index(reason), defer_reason, started)
+    }
+
+    /// Refused because its downstream's circuit is open: the tier's policy (dropped, deferred
+    /// with reason `circuit`, or held apart as [`Offer::CircuitHold`]), never a handler call.
+    pub(crate) fn refused_circuit(
+        self: &Arc<Self>,
+        item: Item<T>,
+        started: Option<Instant>,
+    ) -> Offer<T> {
+        match self.refused_as(item, CIRCUIT, DeferReason::Circuit, started) {
+            Offer::Hold(item) => Offer::CircuitHold(item),
+            other => other,
+        }
+    }
+
+    fn refused_as(
+        self: &Arc<Self>,
+        mut item: Item<T>,
+        r: usize,
+        defer_reason: DeferReason,
+        started: Option<Instant>,
+    ) -> Offer<T> {
         let tier = item.tier();
-        let r = reason_index(reason);
         if !item.refused_before {
             // Count messages, not attempts: a held message is offered again and again.
             item.refused_before = true;
             self.accounts.metrics.tiers[tier].refused[r].increment(1);
             self.accounts.refused[tier.rank()].fetch_add(1, Ordering::Relaxed);
         }
-        let defer_reason = match reason {
-            RefuseReason::Full | RefuseReason::TooLarge => DeferReason::Full,
-            _ => DeferReason::Overloaded,
-        };
         let out = self.refuse(item, r, defer_reason);
         self.refusals.fetch_add(1, Ordering::Relaxed);
         if let Some(started) = started {
@@ -598,13 +650,21 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 self.held.fetch_sub(1, Ordering::Relaxed);
                 return self.expire(item);
             }
+            // Still refused by its circuit: not worth an offer (nor a refusal counted again).
+            if item
+                .circuit
+                .as_ref()
+                .is_some_and(|b| !self.breakers.admits(b))
+            {
+                continue;
+            }
             match self.offer(item) {
                 Offer::Taken => {
                     self.held.fetch_sub(1, Ordering::Relaxed);
                     return;
                 }
                 // Ours is queued; the one it evicted is held in its place.
-                Offer::Hold(back) | Offer::Evicted(back) => item = back,
+                Offer::Hold(back) | Offer::Evicted(back) | Offer::CircuitHold(back) => item = back,
             }
         }
         self.held.fetch_sub(1, Ordering::Relaxed);
@@ -692,6 +752,27 @@ impl<T: Send + Sync + 'static> Inner<T> {
 
     async fn serve(self: &Arc<Self>, mut item: Item<T>, enqueued_at: Instant) {
         let tier = item.tier();
+        // Its circuit may have opened while it was queued, or be half-open with every probe
+        // under way: then it is refused here, before a handler call that would be bound to fail.
+        let call = match item.circuit.as_ref().map(|b| self.breakers.try_call(b)) {
+            Some(Some(call)) => Some(call),
+            Some(None) => {
+                // Admitted already: counted as withdrawn, not as a second admission decision.
+                if !item.refused_before {
+                    item.refused_before = true;
+                    self.accounts.metrics.tiers[tier].withdrawn.increment(1);
+                    self.accounts.withdrawn[tier.rank()].fetch_add(1, Ordering::Relaxed);
+                }
+                match self.refused_circuit(item, None) {
+                    Offer::Taken => {}
+                    Offer::Hold(i) | Offer::Evicted(i) | Offer::CircuitHold(i) => {
+                        self.hold_in_task(i)
+                    }
+                }
+                return;
+            }
+            None => None,
+        };
         // The mask admitted this tier; another worker may have taken the last slot since.
         // With work-conserving shares a tier may borrow an idle slot beyond its share; else it
         // waits for a slot within its share.
@@ -733,6 +814,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         self.served.fetch_add(1, Ordering::Relaxed);
         self.busy_ns
             .fetch_add(latency.as_nanos() as u64, Ordering::Relaxed);
+        self.record_downstream(call, &outcome);
         match outcome {
             Ok(Ok(())) => {
                 let m = &self.accounts.metrics.tiers[item.original];
@@ -751,6 +833,37 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 self.accounts.metrics.panics.increment(1);
                 self.failed(item, true, "panicked", "handler panicked".to_owned())
                     .await;
+            }
+        }
+    }
+
+    /// Tells the breakers how a call went: success or failure for the message's key (a
+    /// failure only when the handler named that key), and a failure for another key the
+    /// handler named. Anything else (another error, a panic) says nothing about a downstream.
+    fn record_downstream(
+        &self,
+        call: Option<crate::admission::Call>,
+        outcome: &std::thread::Result<Result<(), HandlerError>>,
+    ) {
+        let named = match outcome {
+            Ok(Err(e)) => e.downstream_key(),
+            _ => None,
+        };
+        let mut named_counted = false;
+        if let Some(call) = call {
+            let verdict = match (outcome, named) {
+                (Ok(Ok(())), _) => Outcome::Success,
+                (_, Some(key)) if call.breaker().is_some_and(|b| b.key() == key) => {
+                    named_counted = true;
+                    Outcome::Failure
+                }
+                _ => Outcome::Neutral,
+            };
+            self.breakers.record(call, verdict);
+        }
+        if let Some(key) = named {
+            if !named_counted && self.breakers.enabled() {
+                self.breakers.record_failure(key);
             }
         }
     }
@@ -774,7 +887,9 @@ impl<T: Send + Sync + 'static> Inner<T> {
                     _ = this.stop.cancelled() => return drop(item),
                     _ = tokio::time::sleep(backoff) => {}
                 }
-                if let Offer::Hold(held) | Offer::Evicted(held) = this.offer(item) {
+                if let Offer::Hold(held) | Offer::Evicted(held) | Offer::CircuitHold(held) =
+                    this.offer(item)
+                {
                     this.hold_until_queued(held).await;
                 }
             });
@@ -954,6 +1069,9 @@ impl<T: Send + Sync + 'static> Inner<T> {
             m.in_flight.set(self.limit.in_flight() as f64);
             m.limit.set(self.limit.limit() as f64);
             m.held.set(self.held.load(Ordering::Relaxed) as f64);
+            m.circuits_open.set(self.breakers.open_count() as f64);
+            m.circuits_opened.absolute(self.breakers.opened_total());
+            m.breaker_untracked.absolute(self.breakers.untracked());
             m.dead_letters_held
                 .set(self.dead_letters_held.load(Ordering::Relaxed) as f64);
             m.ordering_keys.set(self.gate.keys_in_flight() as f64);

@@ -25,6 +25,11 @@
 //! `capacity + in flight + max_held` messages per runtime and source, plus `max_parked` per
 //! runtime behind busy ordering keys (`crate::ordering`): the intake pauses its source while
 //! the key gate holds that many.
+//!
+//! A message refused because its downstream's circuit is open, under Backpressure, is held
+//! apart from those: its refusal says nothing about the load, so other messages of its tier
+//! are still offered, and it is offered again only when a circuit changes state (or a poll
+//! interval passed, to expire it on time). They count against `max_held` too.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,6 +67,11 @@ struct Held<T> {
     swept_pops: u64,
     swept_level: u8,
     swept_at: tokio::time::Instant,
+    /// Refused by their downstream's circuit (Backpressure): offered again when the breakers'
+    /// generation moves, expired when their deadline passes.
+    circuit: VecDeque<Item<T>>,
+    circuit_generation: u64,
+    circuit_at: tokio::time::Instant,
 }
 
 impl<T: Send + Sync + 'static> Held<T> {
@@ -72,6 +82,53 @@ impl<T: Send + Sync + 'static> Held<T> {
             swept_pops: 0,
             swept_level: 0,
             swept_at: tokio::time::Instant::now(),
+            circuit: VecDeque::new(),
+            circuit_generation: 0,
+            circuit_at: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Messages held for load and for their circuit: what `max_held` bounds.
+    fn len(&self) -> usize {
+        self.items.len() + self.circuit.len()
+    }
+
+    fn circuit_due(&self, inner: &Inner<T>) -> bool {
+        !self.circuit.is_empty()
+            && (inner.breakers.generation() != self.circuit_generation
+                || self.circuit_at.elapsed() >= inner.poll_interval())
+    }
+
+    /// Offers the circuit-held messages whose circuit admits them again; expires those past their
+    /// deadline.
+    fn sweep_circuit(&mut self, inner: &Arc<Inner<T>>) {
+        self.circuit_generation = inner.breakers.generation();
+        self.circuit_at = tokio::time::Instant::now();
+        let now = inner.clock.now();
+        for _ in 0..self.circuit.len() {
+            let Some(item) = self.circuit.pop_front() else {
+                break;
+            };
+            if item.deadline.is_some_and(|d| d <= now) {
+                inner.held.fetch_sub(1, Ordering::Relaxed);
+                inner.expire(item);
+                continue;
+            }
+            if item
+                .circuit
+                .as_ref()
+                .is_some_and(|b| !inner.breakers.admits(b))
+            {
+                self.circuit.push_back(item);
+                continue;
+            }
+            match inner.offer(item) {
+                Offer::Taken => {
+                    inner.held.fetch_sub(1, Ordering::Relaxed);
+                }
+                Offer::CircuitHold(item) => self.circuit.push_back(item),
+                Offer::Hold(item) | Offer::Evicted(item) => self.items.push_back(item),
+            }
         }
     }
 
@@ -114,6 +171,7 @@ impl<T: Send + Sync + 'static> Held<T> {
                 }
                 // Ours is queued; the lower one it evicted is held in its place.
                 Offer::Evicted(victim) => self.items.push_back(victim),
+                Offer::CircuitHold(item) => self.circuit.push_back(item),
             }
         }
     }
@@ -136,6 +194,10 @@ impl<T: Send + Sync + 'static> Held<T> {
             Offer::Evicted(victim) => {
                 inner.held.fetch_add(1, Ordering::Relaxed);
                 self.items.push_back(victim);
+            }
+            Offer::CircuitHold(item) => {
+                inner.held.fetch_add(1, Ordering::Relaxed);
+                self.circuit.push_back(item);
             }
         }
     }
@@ -201,11 +263,14 @@ pub(crate) async fn run<S: Source>(
         if held.sweep_due(&inner) {
             held.sweep(&inner);
         }
+        if held.circuit_due(&inner) {
+            held.sweep_circuit(&inner);
+        }
         // Parked messages (behind a busy ordering key) have a bound of their own. Both bounds
         // are read each turn: a live reconfiguration may change them.
         let config = inner.config();
-        let full = held.items.len() >= config.max_held.get()
-            || inner.gate.parked() >= config.max_parked.get();
+        let full =
+            held.len() >= config.max_held.get() || inner.gate.parked() >= config.max_parked.get();
         drop(config);
         if full != paused {
             if full {
@@ -237,7 +302,7 @@ pub(crate) async fn run<S: Source>(
             continue;
         }
         if !may_pull {
-            if finished && held.items.is_empty() {
+            if finished && held.len() == 0 {
                 break;
             }
             tokio::select! {
@@ -248,7 +313,7 @@ pub(crate) async fn run<S: Source>(
         }
         // While holding, pull only until the next poll, then come back to the held ones; while
         // tiers are paused, likewise, so they are resumed even if nothing else arrives.
-        let wait = if held.items.is_empty() && paused_tiers.is_empty() {
+        let wait = if held.len() == 0 && paused_tiers.is_empty() {
             None
         } else {
             Some(poll)
@@ -267,7 +332,8 @@ pub(crate) async fn run<S: Source>(
             }
         };
         let tier = envelope.criticality;
-        let item = Item::consumed(envelope, &inner.accounts);
+        let mut item = Item::consumed(envelope, &inner.accounts);
+        inner.map_downstream(&mut item);
         if mode == Mode::Normal {
             inner.pulled[tier.rank()].fetch_add(1, Ordering::Relaxed);
         }
@@ -282,9 +348,7 @@ pub(crate) async fn run<S: Source>(
         };
         held.offer_new(&inner, item);
     }
-    inner
-        .held
-        .fetch_sub(held.items.len() as i64, Ordering::Relaxed);
+    inner.held.fetch_sub(held.len() as i64, Ordering::Relaxed);
     // Dropping them releases them unacknowledged.
     drop(held);
     inner.pulling.fetch_sub(1, Ordering::AcqRel);

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use quanta::Instant;
 
+use crate::admission::CircuitBreaker;
 use crate::ledger::{Disposition, Ledger};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::{Ack, Envelope};
@@ -23,6 +24,8 @@ pub(crate) struct Accounts {
     pub(crate) refused: [AtomicU64; 4],
     /// Messages admitted into the queue at least once, per tier (rank) they were queued at.
     pub(crate) admitted: [AtomicU64; 4],
+    /// Admitted messages taken back at dequeue by their circuit, per tier (rank).
+    pub(crate) withdrawn: [AtomicU64; 4],
 }
 
 /// The message, owned until a handler first needs a shared handle: admission and refusal never
@@ -55,6 +58,8 @@ pub(crate) struct Item<T> {
     /// Its ordering key (see `crate::ordering`): while it is inside the runtime past the key
     /// gate, the later messages of its key wait in the gate.
     pub(crate) key: Option<u64>,
+    /// The circuit breaker of its downstream, looked up once when it was consumed.
+    pub(crate) circuit: Option<Arc<CircuitBreaker>>,
     ack: Option<Ack>,
     accounts: Arc<Accounts>,
 }
@@ -76,6 +81,7 @@ impl<T> Item<T> {
             refused_before: false,
             admitted_before: false,
             key: env.ordering_key,
+            circuit: None,
             ack: Some(env.ack),
             accounts: Arc::clone(accounts),
         }

@@ -1,5 +1,6 @@
 //! What the handler sees, and what it answers.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -185,6 +186,17 @@ impl<T> fmt::Debug for Job<T> {
 }
 
 /// A handler's failure: retry it (demoted one level, after a backoff) or give up now.
+///
+/// # Examples
+///
+/// ```
+/// use triage::runtime::HandlerError;
+///
+/// let err = HandlerError::downstream("payments", "connection refused");
+/// assert_eq!(err.downstream_key(), Some("payments"));
+/// assert!(err.is_retryable());
+/// assert_eq!(err.to_string(), "downstream payments failed: connection refused");
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum HandlerError {
@@ -192,6 +204,15 @@ pub enum HandlerError {
     Retryable(Box<dyn std::error::Error + Send + Sync>),
     /// Never worth retrying: malformed input, a business rule. Dead-lettered at once.
     Permanent(Box<dyn std::error::Error + Send + Sync>),
+    /// The downstream named `key` failed: retried like [`Retryable`](HandlerError::Retryable),
+    /// and counted as a failure by that key's circuit breaker (see
+    /// [`RuntimeBuilder::downstream`](crate::runtime::RuntimeBuilder::downstream)).
+    Downstream {
+        /// The downstream key, as messages are mapped to it.
+        key: Cow<'static, str>,
+        /// What went wrong.
+        error: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl HandlerError {
@@ -205,9 +226,35 @@ impl HandlerError {
         HandlerError::Permanent(err.into())
     }
 
+    /// A failure of the downstream `key` (a payment service, a database): worth retrying, and
+    /// counted against `key`'s circuit breaker, so that once its failure rate crosses the
+    /// threshold the messages bound for it are refused before they reach a handler. Allocates
+    /// nothing for a `&'static str` key.
+    pub fn downstream(
+        key: impl Into<Cow<'static, str>>,
+        err: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        HandlerError::Downstream {
+            key: key.into(),
+            error: err.into(),
+        }
+    }
+
     /// Whether it is worth retrying.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, HandlerError::Retryable(_))
+        matches!(
+            self,
+            HandlerError::Retryable(_) | HandlerError::Downstream { .. }
+        )
+    }
+
+    /// The downstream this failure names, if it is a [`Downstream`](HandlerError::Downstream)
+    /// one.
+    pub fn downstream_key(&self) -> Option<&str> {
+        match self {
+            HandlerError::Downstream { key, .. } => Some(key),
+            _ => None,
+        }
     }
 }
 
@@ -216,6 +263,9 @@ impl fmt::Display for HandlerError {
         match self {
             HandlerError::Retryable(e) => write!(f, "retryable handler error: {e}"),
             HandlerError::Permanent(e) => write!(f, "permanent handler error: {e}"),
+            HandlerError::Downstream { key, error } => {
+                write!(f, "downstream {key} failed: {error}")
+            }
         }
     }
 }
@@ -223,7 +273,9 @@ impl fmt::Display for HandlerError {
 impl std::error::Error for HandlerError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            HandlerError::Retryable(e) | HandlerError::Permanent(e) => Some(e.as_ref()),
+            HandlerError::Retryable(e)
+            | HandlerError::Permanent(e)
+            | HandlerError::Downstream { error: e, .. } => Some(e.as_ref()),
         }
     }
 }

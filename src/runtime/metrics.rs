@@ -11,7 +11,7 @@
 //! |---|---|---|---|
 //! | `triage_consumed_total` | counter | tier | messages taken from sources |
 //! | `triage_admitted_total` | counter | tier | messages accepted into the queue |
-//! | `triage_refused_total` | counter | tier, reason | admission decisions against a message: `overloaded`, `full`, `too_large`, `evicted` |
+//! | `triage_refused_total` | counter | tier, reason | admission decisions against a message: `overloaded`, `full`, `too_large`, `evicted`, `circuit` (its downstream's circuit open) |
 //! | `triage_shed_total` | counter | tier, reason | messages ending `Shed` (acknowledged, dropped by policy) |
 //! | `triage_deferred_total` | counter | tier | messages ending `Deferred` (broker confirmed) |
 //! | `triage_defer_failures_total` | counter | | defer publishes that failed in transport (message fell back to backpressure, sink marked unhealthy) |
@@ -46,6 +46,10 @@
 //! | `triage_ordering_parked` | gauge | | messages waiting behind a busy key in the key gate |
 //! | `triage_ordering_longest_wait_seconds` | gauge | | how long the longest-waiting parked message has waited behind its key |
 //! | `triage_ordering_wait_seconds` | histogram | | time a message waited behind its key before the gate let it through |
+//! | `triage_circuit_withdrawn_total` | counter | tier | admitted messages taken back before a handler call because their downstream's circuit opened while they were queued |
+//! | `triage_circuits_open` | gauge | | downstream circuits not closed (open or half-open) |
+//! | `triage_circuits_opened_total` | counter | | times a downstream circuit opened (from closed, or again after a failed probe) |
+//! | `triage_breaker_untracked_total` | counter | | messages whose downstream key was not tracked because `breaker.max_keys` keys already were |
 //! | `triage_sojourn_seconds` | histogram | tier | time from enqueue to dequeue |
 //! | `triage_handler_latency_seconds` | histogram | tier | handler run time |
 //! | `triage_reject_cost_seconds` | histogram | | cost of the admit-or-refuse decision for refused messages, sampled 1 in 1024 |
@@ -131,7 +135,7 @@ pub(crate) const ADMITTED: Def = counter_def(
 );
 pub(crate) const REFUSED: Def = counter_def(
     "triage_refused_total",
-    "Admission decisions against a message, by tier and reason (overloaded, full, too_large, evicted); a held message refused again counts again.",
+    "Admission decisions against a message, by tier and reason (overloaded, full, too_large, evicted, circuit); a held message refused again counts again.",
 );
 pub(crate) const SHED: Def = counter_def(
     "triage_shed_total",
@@ -286,6 +290,23 @@ pub(crate) const ORDERING_WAIT: Def = seconds_histogram(
     LATENCY_BUCKETS,
     "Time a message waited behind its key before the key gate let it through, seconds.",
 );
+pub(crate) const CIRCUIT_WITHDRAWN: Def = counter_def(
+    "triage_circuit_withdrawn_total",
+    "Admitted messages taken back before a handler call because their downstream's circuit opened while they were queued, by tier; they went to the tier's refusal policy.",
+);
+pub(crate) const CIRCUITS_OPEN: Def = gauge_def(
+    "triage_circuits_open",
+    Some(Unit::Count),
+    "Downstream circuits not closed (open or half-open): their messages are refused with reason circuit.",
+);
+pub(crate) const CIRCUITS_OPENED: Def = counter_def(
+    "triage_circuits_opened_total",
+    "Times a downstream circuit opened (from closed, or again after a failed half-open probe).",
+);
+pub(crate) const BREAKER_UNTRACKED: Def = counter_def(
+    "triage_breaker_untracked_total",
+    "Messages whose downstream key was not tracked (admitted without a breaker) because breaker.max_keys keys already were.",
+);
 pub(crate) const SOJOURN: Def = seconds_histogram(
     "triage_sojourn_seconds",
     LATENCY_BUCKETS,
@@ -303,7 +324,7 @@ pub(crate) const REJECT_COST: Def = seconds_histogram(
 );
 
 /// Every metric the runtime records.
-pub(crate) const ALL: [&Def; 40] = [
+pub(crate) const ALL: [&Def; 44] = [
     &CONSUMED,
     &ADMITTED,
     &REFUSED,
@@ -341,6 +362,10 @@ pub(crate) const ALL: [&Def; 40] = [
     &ORDERING_PARKED,
     &ORDERING_LONGEST_WAIT,
     &ORDERING_WAIT,
+    &CIRCUIT_WITHDRAWN,
+    &CIRCUITS_OPEN,
+    &CIRCUITS_OPENED,
+    &BREAKER_UNTRACKED,
     &SOJOURN,
     &HANDLER_LATENCY,
     &REJECT_COST,
@@ -371,7 +396,7 @@ pub(crate) fn describe() {
 }
 
 /// `reason` label values of `triage_refused_total` and `triage_shed_total`.
-pub(crate) const REASONS: [&str; 4] = ["overloaded", "full", "too_large", "evicted"];
+pub(crate) const REASONS: [&str; 5] = ["overloaded", "full", "too_large", "evicted", "circuit"];
 
 pub(crate) fn reason_index(reason: RefuseReason) -> usize {
     match reason {
@@ -384,11 +409,14 @@ pub(crate) fn reason_index(reason: RefuseReason) -> usize {
 
 pub(crate) const EVICTED: usize = 3;
 
+/// Refused because the circuit of the message's downstream is open.
+pub(crate) const CIRCUIT: usize = 4;
+
 pub(crate) struct TierMetrics {
     pub(crate) consumed: Counter,
     pub(crate) admitted: Counter,
-    pub(crate) refused: [Counter; 4],
-    pub(crate) shed: [Counter; 4],
+    pub(crate) refused: [Counter; 5],
+    pub(crate) shed: [Counter; 5],
     pub(crate) deferred: Counter,
     pub(crate) expired: Counter,
     pub(crate) expired_at_intake: Counter,
@@ -398,6 +426,7 @@ pub(crate) struct TierMetrics {
     pub(crate) retries: Counter,
     pub(crate) released: Counter,
     pub(crate) backpressure: Counter,
+    pub(crate) withdrawn: Counter,
     pub(crate) depth: Gauge,
     pub(crate) age: Gauge,
     pub(crate) sojourn: Histogram,
@@ -428,6 +457,9 @@ pub(crate) struct Metrics {
     pub(crate) ordering_parked: Gauge,
     pub(crate) ordering_longest_wait: Gauge,
     pub(crate) ordering_wait: Histogram,
+    pub(crate) circuits_open: Gauge,
+    pub(crate) circuits_opened: Counter,
+    pub(crate) breaker_untracked: Counter,
     pub(crate) reject_cost: Histogram,
 }
 
@@ -450,6 +482,7 @@ impl Metrics {
                 retries: counter!(RETRIES.name, "tier" => t),
                 released: counter!(RELEASED.name, "tier" => t),
                 backpressure: counter!(BACKPRESSURE.name, "tier" => t),
+                withdrawn: counter!(CIRCUIT_WITHDRAWN.name, "tier" => t),
                 depth: gauge!(QUEUE_DEPTH.name, "tier" => t),
                 age: gauge!(QUEUE_AGE.name, "tier" => t),
                 sojourn: histogram!(SOJOURN.name, "tier" => t),
@@ -480,6 +513,9 @@ impl Metrics {
             ordering_parked: gauge!(ORDERING_PARKED.name),
             ordering_longest_wait: gauge!(ORDERING_LONGEST_WAIT.name),
             ordering_wait: histogram!(ORDERING_WAIT.name),
+            circuits_open: gauge!(CIRCUITS_OPEN.name),
+            circuits_opened: counter!(CIRCUITS_OPENED.name),
+            breaker_untracked: counter!(BREAKER_UNTRACKED.name),
             reject_cost: histogram!(REJECT_COST.name),
         }
     }

@@ -112,6 +112,7 @@ pub struct RuntimeBuilder<T> {
     defer: Option<Arc<dyn DeferSink<T>>>,
     dead_letter: Option<Arc<dyn DeadLetterSink<T>>>,
     observer: Option<engine::Observer<T>>,
+    downstream: Option<engine::DownstreamFn<T>>,
     clock: Clock,
 }
 
@@ -150,6 +151,46 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
         observer: impl Fn(&T, crate::Criticality, crate::ledger::Disposition) + Send + Sync + 'static,
     ) -> Self {
         self.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// Maps each message to the downstream it is bound for (a payment service, a database, a
+    /// partner's API), for circuit-breaker-aware admission: while that key's circuit is open
+    /// (see [`BreakerConfig`](crate::admission::BreakerConfig)) its messages are refused with
+    /// reason `circuit` and go to their tier's refusal policy, never to a handler; messages of
+    /// other keys are served as usual. `None`: the message has no downstream, never refused
+    /// for one.
+    ///
+    /// Called once per consumed message, on the intake, so keep it cheap: read a header, the
+    /// topic or queue, or a field of the message, and return it borrowed. Looking the key up
+    /// allocates nothing (but once for a key never seen before; at most
+    /// `breaker.max_keys` keys are tracked). The handler says which downstream failed with
+    /// [`HandlerError::downstream`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use triage::runtime::{HandlerError, Job, Runtime, RuntimeConfig};
+    ///
+    /// struct Order { psp: String }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let runtime = Runtime::builder(RuntimeConfig::default())
+    ///     .downstream(|order: &Order| Some(order.psp.as_str()))
+    ///     .start(|job: Job<Order>| async move {
+    ///         let psp = job.payload().psp.clone();
+    ///         Err(HandlerError::downstream(psp, "503 from the payment provider"))
+    ///     })?;
+    /// # drop(runtime);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn downstream(
+        mut self,
+        key_of: impl for<'a> Fn(&'a T) -> Option<&'a str> + Send + Sync + 'static,
+    ) -> Self {
+        self.downstream = Some(Arc::new(key_of));
         self
     }
 
@@ -196,6 +237,7 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             alive: AtomicI64::new(0),
             refused: Default::default(),
             admitted: Default::default(),
+            withdrawn: Default::default(),
         });
         accounts.metrics.config_generation.set(1.0);
         accounts
@@ -208,6 +250,10 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             .set(f64::from(config.brownout_level));
         let live = reconfigure::Live::new(&config);
         let dead_lettering = Arc::new(tokio::sync::Semaphore::new(config.max_dead_lettering.get()));
+        let breakers = Arc::new(crate::admission::Breakers::with_clock(
+            config.breaker.clone(),
+            self.clock.clone(),
+        )?);
         let inner = Arc::new(Inner {
             queue,
             limit,
@@ -218,6 +264,8 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             defer: self.defer,
             dead_letter: self.dead_letter,
             observer: self.observer,
+            breakers,
+            downstream: self.downstream,
             handler: Arc::new(move |job| Box::pin(handler(job))),
             origin: self.clock.now(),
             clock: self.clock,
@@ -266,6 +314,7 @@ impl<T: Send + Sync + 'static> Runtime<T> {
             defer: None,
             dead_letter: None,
             observer: None,
+            downstream: None,
             clock: Clock::new(),
         }
     }
@@ -379,6 +428,7 @@ impl<T: Send + Sync + 'static> Runtime<T> {
         }
         let mut item = item::Item::consumed(envelope, &inner.accounts);
         item.pushed = true;
+        inner.map_downstream(&mut item);
         // Parked behind its key: taken, offered when the key's earlier message is settled.
         let Some(item) = inner.pass_gate(item) else {
             return Ok(());
@@ -403,7 +453,25 @@ impl<T: Send + Sync + 'static> Runtime<T> {
                     Ok(())
                 }
             },
+            engine::Offer::CircuitHold(item) if item.key.is_some() => {
+                inner.hold_in_task(item);
+                Ok(())
+            }
+            engine::Offer::CircuitHold(item) => match item.hand_back() {
+                Ok(envelope) => Err(SubmitError::CircuitOpen(envelope)),
+                Err(item) => {
+                    inner.hold_in_task(item);
+                    Ok(())
+                }
+            },
         }
+    }
+
+    /// The circuit breakers of this runtime's downstream keys (see
+    /// [`RuntimeBuilder::downstream`]): their states, and
+    /// [`apply`](crate::admission::Breakers::apply) to change their settings while it runs.
+    pub fn breakers(&self) -> Arc<crate::admission::Breakers> {
+        Arc::clone(&self.inner.breakers)
     }
 
     /// The concurrency limit this runtime's workers take their slots from: a handle to the
@@ -660,6 +728,7 @@ fn stats_of<T>(inner: &Inner<T>) -> RuntimeStats {
         limit: inner.limit.limit() as u64,
         refused: per_tier(&inner.accounts.refused),
         admitted: per_tier(&inner.accounts.admitted),
+        withdrawn: per_tier(&inner.accounts.withdrawn),
     }
 }
 

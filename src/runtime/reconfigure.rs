@@ -18,7 +18,8 @@
 //! 2. **Apply, infallibly.** The queue (weights, capacity, byte budget, queue-age cut-offs;
 //!    shrinking evicts by the push rule, newest of the lowest tier first), the concurrency
 //!    shares, the limit algorithm (only if `[limit]` changed: an unchanged one keeps its
-//!    adaptive state), the forced shed and brownout levels, and the configuration every other
+//!    adaptive state), the forced shed and brownout levels, the circuit breakers' settings
+//!    (`[breaker]`: every downstream key keeps its state), and the configuration every other
 //!    setting is read from, swapped whole ([`Inner::config`]). Pull-based admission picks the
 //!    new `[admission]` up at its next tick, keeping its window and level. Then the generation
 //!    is bumped, the `triage_config_generation` gauge set, one log line names every field that
@@ -249,6 +250,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
 
         // Phase 2: apply, infallibly.
         self.limit.set_shares(config.shares);
+        // Validated with the rest above; every key keeps its state.
+        self.breakers.replace(config.breaker.clone());
         if let Some(limiter) = limiter {
             self.limit.set_algorithm(limiter);
         }

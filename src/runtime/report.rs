@@ -40,6 +40,12 @@ pub struct RuntimeStats {
     pub refused: crate::PerTier<u64>,
     /// Messages admitted into the queue, per tier queued at (counted once per message).
     pub admitted: crate::PerTier<u64>,
+    /// Admitted messages taken back before a handler call because the circuit of their
+    /// downstream opened while they were queued (or was half-open with every probe under
+    /// way), per tier: they went to their tier's refusal policy like a refusal with reason
+    /// `circuit`, but are counted here and not in `refused`, so that `admitted + refused`
+    /// counts each consumed message's admission decision once.
+    pub withdrawn: crate::PerTier<u64>,
 }
 
 impl RuntimeStats {

@@ -19,6 +19,9 @@ pub enum DeferReason {
     Evicted,
     /// The runtime was shutting down with it still queued.
     Shutdown,
+    /// The circuit of its downstream was open (see
+    /// [`RuntimeBuilder::downstream`](crate::runtime::RuntimeBuilder::downstream)).
+    Circuit,
 }
 
 impl DeferReason {
@@ -29,6 +32,7 @@ impl DeferReason {
             DeferReason::Full => "full",
             DeferReason::Evicted => "evicted",
             DeferReason::Shutdown => "shutdown",
+            DeferReason::Circuit => "circuit",
         }
     }
 }

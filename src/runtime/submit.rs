@@ -14,13 +14,21 @@ pub enum SubmitError<T> {
     Full(Envelope<T>),
     /// The runtime is shutting down.
     Closed(Envelope<T>),
+    /// Its downstream's circuit is open (see
+    /// [`RuntimeBuilder::downstream`](crate::runtime::RuntimeBuilder::downstream)) and its tier's
+    /// policy is Backpressure: a handler call now would be bound to fail. Retry after the
+    /// breaker's `recovery_ms`.
+    CircuitOpen(Envelope<T>),
 }
 
 impl<T> SubmitError<T> {
     /// The refused message.
     pub fn into_inner(self) -> Envelope<T> {
         match self {
-            SubmitError::Overloaded(e) | SubmitError::Full(e) | SubmitError::Closed(e) => e,
+            SubmitError::Overloaded(e)
+            | SubmitError::Full(e)
+            | SubmitError::Closed(e)
+            | SubmitError::CircuitOpen(e) => e,
         }
     }
 }
@@ -31,6 +39,7 @@ impl<T> fmt::Debug for SubmitError<T> {
             SubmitError::Overloaded(_) => "Overloaded(..)",
             SubmitError::Full(_) => "Full(..)",
             SubmitError::Closed(_) => "Closed(..)",
+            SubmitError::CircuitOpen(_) => "CircuitOpen(..)",
         })
     }
 }
@@ -41,6 +50,7 @@ impl<T> fmt::Display for SubmitError<T> {
             SubmitError::Overloaded(_) => "overloaded: queue age is above the tier's cut-off",
             SubmitError::Full(_) => "queue is full with nothing of a lower tier to evict",
             SubmitError::Closed(_) => "runtime is shutting down",
+            SubmitError::CircuitOpen(_) => "the circuit of its downstream is open",
         })
     }
 }
