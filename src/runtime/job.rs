@@ -11,8 +11,9 @@ use crate::Criticality;
 
 /// How loaded the runtime is, for handlers that degrade instead of being shed (brownout).
 ///
-/// Read from queue-age admission when the job starts: `level` tiers from the bottom of the
-/// ladder are being refused.
+/// Read when the job starts: `level` tiers from the bottom of the ladder are being refused,
+/// the higher of what admission's signals refuse and the operator's
+/// [`forced_shed_level`](crate::runtime::RuntimeConfig::forced_shed_level).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LoadLevel(pub(crate) u8);
 
