@@ -65,6 +65,15 @@ struct Args {
     /// `kill -HUP <pid>` re-reads it into the running runtime.
     #[arg(long, value_name = "FILE")]
     config: Option<std::path::PathBuf>,
+    /// Ordering of the generated messages: `unordered` (default), `key` (each message gets one
+    /// of `--keys` random keys; at most one message per key inside the runtime, keyed messages
+    /// are held rather than deferred) or `partition` (the in-memory broker is one partition:
+    /// one message at a time).
+    #[arg(long, default_value = "unordered")]
+    ordering: triage::ordering::OrderingMode,
+    /// Distinct keys with `--ordering key`.
+    #[arg(long, default_value_t = 1000)]
+    keys: u64,
 }
 
 fn parse_mix(s: &str) -> Result<[u32; 4], String> {
@@ -108,10 +117,11 @@ async fn main() -> ExitCode {
         && args.duration_s > 0.0
         && args.service_ms >= 0.0
         && args.workers > 0
-        && args.capacity > 0)
+        && args.capacity > 0
+        && args.keys > 0)
     {
         eprintln!(
-            "error: --factor, --duration-s, --workers and --capacity must be positive, --service-ms at least 0"
+            "error: --factor, --duration-s, --workers, --capacity and --keys must be positive, --service-ms at least 0"
         );
         return ExitCode::from(2);
     }
@@ -150,6 +160,8 @@ async fn main() -> ExitCode {
         capacity: args.capacity,
         live: (!args.quiet).then_some(Duration::from_secs(1)),
         reload: args.config.clone(),
+        ordering: args.ordering,
+        keys: args.keys,
         ..sim::Params::default()
     };
     let params = match base {
@@ -171,6 +183,12 @@ async fn main() -> ExitCode {
         },
         params.capacity,
     );
+    match params.ordering {
+        triage::ordering::OrderingMode::Key => {
+            println!("ordering: key ({} keys)", params.keys)
+        }
+        mode => println!("ordering: {mode}"),
+    }
     println!(
         "mix, percent of offered: {}",
         per_tier(&PerTier::from_fn(|t: Criticality| params.mix[mix_index(t)]))

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use triage::ordering::OrderingMode;
 use triage::quanta::{Clock, Instant};
 use triage::runtime::{
     DeferSink, HandlerError, Job, MemoryBroker, Republish, Runtime, RuntimeConfig, RuntimeStats,
@@ -47,6 +48,11 @@ pub struct Params {
     /// Re-read this configuration file on SIGHUP during the run (`--config`, with the
     /// `reload` feature).
     pub reload: Option<std::path::PathBuf>,
+    /// Ordering of the generated messages: `Key` gives each one of `keys` random keys,
+    /// `Partition` puts them all on one key (the in-memory broker is one partition).
+    pub ordering: OrderingMode,
+    /// Distinct keys in `Key` mode.
+    pub keys: u64,
 }
 
 impl Default for Params {
@@ -69,6 +75,8 @@ impl Default for Params {
             live: None,
             base: None,
             reload: None,
+            ordering: OrderingMode::Unordered,
+            keys: 1000,
         }
     }
 }
@@ -203,7 +211,13 @@ async fn generate(
                 t.done.push(None);
                 msg
             };
-            broker.publish(msg, tier, Some(msg.deadline));
+            match p.ordering {
+                OrderingMode::Unordered => broker.publish(msg, tier, Some(msg.deadline)),
+                OrderingMode::Key => {
+                    broker.publish_keyed(msg, tier, Some(msg.deadline), rng.u64(0..p.keys))
+                }
+                OrderingMode::Partition => broker.publish_keyed(msg, tier, Some(msg.deadline), 0),
+            };
             sent += 1;
         }
     }
