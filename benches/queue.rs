@@ -530,6 +530,71 @@ fn runtime_refuse(c: &mut Criterion) {
     });
     g.finish();
     let _report = rt.block_on(runtime.shutdown(Duration::from_millis(100)));
+    runtime_refuse_rate(c);
+}
+
+/// The reject path for reason `rate`: Sheddable's token bucket is empty (one token, a virtual
+/// clock that never refills it), so every offer is one compare-and-swap that fails, then the
+/// refusal (Drop: counted, settled `Shed`; Backpressure: the message handed back as
+/// `RateLimited`).
+fn runtime_refuse_rate(c: &mut Criterion) {
+    use triage::admission::{BucketConfig, BucketsConfig, QueueAgeConfig};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let mut g = c.benchmark_group("runtime_refuse");
+    g.throughput(Throughput::Elements(1));
+    let (clock, _mock) = Clock::mock();
+    let runtime = rt.block_on(async {
+        let mut config = RuntimeConfig {
+            workers: 1.try_into().expect("non-zero"),
+            ..RuntimeConfig::default()
+        };
+        config.queue.admission = QueueAgeConfig::disabled();
+        config.buckets = BucketsConfig::default()
+            .with(
+                Criticality::High,
+                Some(BucketConfig::per_second(1.0).burst(1)),
+            )
+            .with(
+                Criticality::Sheddable,
+                Some(BucketConfig::per_second(1.0).burst(1)),
+            );
+        config.policy = PerTier::new(
+            RefusalPolicy::Backpressure,
+            RefusalPolicy::Backpressure,
+            RefusalPolicy::Drop,
+            RefusalPolicy::Drop,
+        );
+        let runtime = Runtime::builder(config)
+            .clock(clock)
+            .start(|_job: Job<u64>| async {
+                std::future::pending::<()>().await;
+                Ok(())
+            })
+            .expect("valid config");
+        // Spend each bucket's one token.
+        let _ = runtime.try_submit(Envelope::new(0, Criticality::Sheddable, Ack::noop()));
+        let _ = runtime.try_submit(Envelope::new(1, Criticality::High, Ack::noop()));
+        runtime
+    });
+    g.bench_function("drop_policy_rate", |b| {
+        b.iter_batched(
+            || Envelope::new(7u64, Criticality::Sheddable, Ack::noop()),
+            |e| black_box(runtime.try_submit(e).is_ok()),
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("backpressure_rate", |b| {
+        b.iter_batched(
+            || Envelope::new(7u64, Criticality::High, Ack::noop()),
+            |e| black_box(runtime.try_submit(e).is_err()),
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+    let _report = rt.block_on(runtime.shutdown(Duration::from_millis(100)));
 }
 
 criterion_group!(benches, push_pop, mpmc, refuse_and_evict, runtime_refuse);

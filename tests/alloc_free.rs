@@ -280,6 +280,79 @@ async fn circuit_refusal_allocates_nothing() {
     assert!(report.stats.balances(), "{report}");
 }
 
+/// The refuse path for reason `rate` (a token bucket empty), Drop and Backpressure, metrics
+/// included: a failed compare-and-swap, then the same refusal as any other.
+#[tokio::test(flavor = "current_thread")]
+async fn runtime_rate_refusal_allocates_nothing() {
+    use triage::admission::{BucketConfig, BucketsConfig};
+    let (clock, _mock) = Clock::mock();
+    let mut config = RuntimeConfig {
+        workers: 1.try_into().unwrap(),
+        ..RuntimeConfig::default()
+    };
+    config.queue.admission = QueueAgeConfig::disabled();
+    config.buckets = BucketsConfig::default()
+        .with(
+            Criticality::High,
+            Some(BucketConfig::per_second(1.0).burst(1)),
+        )
+        .with(
+            Criticality::Sheddable,
+            Some(BucketConfig::per_second(1.0).burst(1)),
+        );
+    config.policy = PerTier::new(
+        RefusalPolicy::Backpressure,
+        RefusalPolicy::Backpressure,
+        RefusalPolicy::Drop,
+        RefusalPolicy::Drop,
+    );
+    let build = move || {
+        Runtime::builder(config)
+            .clock(clock)
+            .start(|_job: Job<u64>| async { Ok(()) })
+            .unwrap()
+    };
+    #[cfg(feature = "prometheus")]
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    #[cfg(feature = "prometheus")]
+    let rt = metrics::with_local_recorder(&recorder, build);
+    #[cfg(not(feature = "prometheus"))]
+    let rt = build();
+    let env = |i: u64, tier| Envelope::new(i, tier, Ack::noop());
+    // Each bucket's one token, then warm-up refusals.
+    rt.try_submit(env(0, Criticality::Sheddable)).unwrap();
+    rt.try_submit(env(0, Criticality::High)).unwrap();
+    for i in 0..2_000 {
+        rt.try_submit(env(i, Criticality::Sheddable)).unwrap();
+    }
+    let batch: Vec<_> = (0..10_000)
+        .map(|i| env(i, Criticality::Sheddable))
+        .collect();
+    let n = allocations_in(|| {
+        for e in batch {
+            rt.try_submit(e).unwrap();
+        }
+    });
+    assert_eq!(n, 0, "rate refusal (drop) allocated {n} times");
+    let batch: Vec<_> = (0..10_000).map(|i| env(i, Criticality::High)).collect();
+    let mut back = Vec::with_capacity(10_000);
+    let n = allocations_in(|| {
+        for e in batch {
+            match rt.try_submit(e) {
+                Err(SubmitError::RateLimited(e)) => back.push(e),
+                other => panic!("expected rate limited, got {other:?}"),
+            }
+        }
+    });
+    assert_eq!(n, 0, "rate refusal (backpressure) allocated {n} times");
+    let d = rt.decisions();
+    assert_eq!(d[Criticality::Sheddable].shed_rate, 12_000);
+    assert_eq!(d[Criticality::High].shed_rate, 10_000);
+    drop(back);
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+}
+
 /// Allocations the runtime makes while it serves `messages` in-memory messages (no-op handler,
 /// one thread, so the thread-local count sees every task), publishing and start-up excluded.
 async fn runtime_allocations(messages: u64) -> u64 {

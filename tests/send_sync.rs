@@ -2,7 +2,11 @@
 
 #![allow(dead_code)]
 
-use triage::admission::{BreakerConfig, Breakers, Call, CircuitBreaker, CircuitState};
+use triage::admission::{
+    BorrowChain, BreakerConfig, Breakers, BucketConfig, BucketsConfig, Call, CircuitBreaker,
+    CircuitState, Decision, DecisionCounts, Decisions, Grant, MemoryBudget, MemoryConfig,
+    TierBuckets, TokenBucket,
+};
 use triage::ledger::{AckTracker, Ledger, LedgerSnapshot};
 use triage::limit::{ConcurrencyLimit, Limiter, Permit, TierShares};
 use triage::ordering::{Arrival, KeyGate, NullKeyOrdering, OrderingConfig, OrderingMode};
@@ -67,5 +71,16 @@ fn public_types_are_send_and_sync() {
     send_sync::<CircuitBreaker>();
     send_sync::<CircuitState>();
     send_sync::<Call>();
+    send_sync::<TokenBucket>();
+    send_sync::<TierBuckets>();
+    send_sync::<Grant>();
+    send_sync::<BucketConfig>();
+    send_sync::<BucketsConfig>();
+    send_sync::<BorrowChain>();
+    send_sync::<MemoryBudget>();
+    send_sync::<MemoryConfig>();
+    send_sync::<Decision>();
+    send_sync::<DecisionCounts>();
+    send_sync::<Decisions>();
     let _ = sync::<Criticality>;
 }

@@ -32,11 +32,33 @@
 //! new item of that tier would queue behind. These ages are non-increasing up the ladder and the
 //! cut-offs are too, so the shed tiers always form a bottom prefix and the decision fits in one
 //! number (see [`QueueAgeAdmission`]).
+//!
+//! # The rest of the toolbox
+//!
+//! Checked for every message, pulled or pushed, at intake before the queue (one file each):
+//!
+//! - **Per-tier token buckets** ([`TierBuckets`], seed 003): steady-state admission at a rate
+//!   and burst per tier, with borrowing along a configured chain (default: Critical may borrow
+//!   from High). Refusal reason `rate`.
+//! - **A memory budget** ([`MemoryBudget`], seeds 001/002, Envoy's overload manager): the
+//!   payload bytes the process holds against a budget, with a threshold per tier. Refusal
+//!   reason `memory`; the intake stops pulling while the next message might not fit.
+//! - **The decision breakdown** ([`Decision`]): one counter per tier and first decision
+//!   (admitted, shed-capacity, shed-rate, shed-circuit, shed-expired, shed-memory).
+//!
+//! Each refusal goes to the tier's refusal policy (backpressure, defer, drop) like any other
+//! and ends in one disposition.
 
 mod breaker;
 mod breaker_config;
 mod breakers;
+mod bucket;
+mod bucket_config;
+mod buckets;
 mod config;
+mod decision;
+mod memory;
+mod memory_config;
 mod pull;
 mod pull_config;
 mod queue_age;
@@ -44,7 +66,13 @@ mod queue_age;
 pub use breaker::{CircuitBreaker, CircuitState};
 pub use breaker_config::BreakerConfig;
 pub use breakers::{Breakers, Call, Outcome};
+pub use bucket::TokenBucket;
+pub use bucket_config::{BorrowChain, BucketConfig, BucketsConfig, MAX_BURST, MAX_RATE};
+pub use buckets::{Grant, TierBuckets};
 pub use config::{QueueAgeConfig, MAX_CUTOFF_MS};
+pub use decision::{Decision, DecisionCounts, Decisions};
+pub use memory::MemoryBudget;
+pub use memory_config::{MemoryConfig, MAX_BUDGET_BYTES};
 pub use pull::{PullAdmission, PullSample};
 pub use pull_config::PullAdmissionConfig;
 pub(crate) use queue_age::admits_at;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::admission::{BreakerConfig, PullAdmissionConfig};
+use crate::admission::{BreakerConfig, BucketsConfig, MemoryConfig, PullAdmissionConfig};
 use crate::limit::{LimitConfig, TierShares};
 use crate::queue::WfqConfig;
 use crate::{ConfigError, PerTier};
@@ -167,6 +167,16 @@ pub struct RuntimeConfig {
     /// Changed live, the algorithm restarts at its `initial` limit; a reconfiguration that
     /// leaves this section as it is keeps the algorithm's adaptive state.
     pub limit: Option<LimitConfig>,
+    /// Per-tier token buckets (rate in messages/s or a share of a capacity figure, burst, and
+    /// the borrowing chain), checked at intake for pulled and pushed messages; a refusal has
+    /// reason `rate`. Default: no bucket (no tier rate-limited), Critical borrowing from High
+    /// once both have one. See [`BucketsConfig`].
+    pub buckets: BucketsConfig,
+    /// A budget on the payload bytes the process holds (queued, held, deferring, in flight),
+    /// with per-tier thresholds (default 1.0 / 0.85 / 0.70 / 0.50 of the budget); a refusal
+    /// has reason `memory`, and the intake stops pulling while the next message might not
+    /// fit. Default: no budget. See [`MemoryConfig`].
+    pub memory: MemoryConfig,
     /// Share of the concurrency limit each tier may use (priority-scaled concurrency shares, as in
     /// "Load Shedding: Drop Low-Priority Work to Save the Rest"). Default
     /// `1.0 / 0.9 / 0.75 / 0.5`.
@@ -258,6 +268,8 @@ impl Default for RuntimeConfig {
             admission: PullAdmissionConfig::default(),
             breaker: BreakerConfig::default(),
             limit: None,
+            buckets: BucketsConfig::default(),
+            memory: MemoryConfig::default(),
             shares: TierShares::default(),
             work_conserving: true,
             share_reserve_ms: 0,
@@ -336,6 +348,8 @@ impl RuntimeConfig {
             .validate()
             .map_err(|e| e.within("admission"))?;
         self.breaker.validate().map_err(|e| e.within("breaker"))?;
+        self.buckets.validate().map_err(|e| e.within("buckets"))?;
+        self.memory.validate().map_err(|e| e.within("memory"))?;
         if self.share_reserve_ms > 600_000 {
             return Err(ConfigError::new(
                 "share_reserve_ms",

@@ -11,13 +11,15 @@ use quanta::{Clock, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::admission::{admits_at, Breakers, Outcome, PullAdmission, PullSample};
+use crate::admission::{
+    admits_at, Breakers, Decision, Outcome, PullAdmission, PullSample, TierBuckets,
+};
 use crate::ledger::Disposition;
 use crate::limit::ConcurrencyLimit;
 use crate::ordering::{Arrival, KeyGate};
 use crate::queue::{Dequeued, Meta, RefuseReason, Removed, TierMask, TryPopError, WfqQueue};
 use crate::runtime::item::{Accounts, Item};
-use crate::runtime::metrics::{reason_index, CIRCUIT, EVICTED};
+use crate::runtime::metrics::{decision_of, reason_index, CIRCUIT, EVICTED, MEMORY, RATE};
 use crate::runtime::{
     DeadLetterSink, DeferReason, DeferSink, HandlerError, Job, LoadLevel, RefusalPolicy, Republish,
     RuntimeConfig,
@@ -129,6 +131,8 @@ pub(crate) struct Inner<T> {
     /// The key gate of ordered sources: keyed messages past it are inside the runtime, the
     /// later ones of a busy key wait in it (see `crate::ordering`).
     pub(crate) gate: KeyGate<Item<T>>,
+    /// Per-tier token buckets (`buckets` in the config), on `clock`.
+    pub(crate) buckets: TierBuckets,
 }
 
 /// What became of an offered item.
@@ -271,10 +275,11 @@ impl<T: Send + Sync + 'static> Inner<T> {
     }
 
     /// A message pulled past its deadline: expired before it is queued, counted apart.
-    pub(crate) fn expire_at_intake(self: &Arc<Self>, item: Item<T>) {
+    pub(crate) fn expire_at_intake(self: &Arc<Self>, mut item: Item<T>) {
         self.accounts.metrics.tiers[item.original]
             .expired_at_intake
             .increment(1);
+        self.decide(&mut item, Decision::ShedExpired);
         self.expire(item);
     }
 
@@ -324,8 +329,21 @@ impl<T: Send + Sync + 'static> Inner<T> {
         {
             return self.refused(item, RefuseReason::Overloaded, started);
         }
+        // Offered again after waiting under backpressure: back in the memory working set.
+        item.unmark_waiting();
+        if !self.accounts.memory.admits(tier, item.size_bytes as u64) {
+            self.accounts.memory.note_refusal(tier);
+            return self.refused_as(item, MEMORY, DeferReason::Memory, started);
+        }
+        // The bucket last, so no token is spent on a message refused anyway.
+        let Some(grant) = self.buckets.try_acquire(tier) else {
+            return self.refused_as(item, RATE, DeferReason::Rate, started);
+        };
         let first_admission = !item.admitted_before;
         item.admitted_before = true;
+        let undecided = !item.decided;
+        item.decided = true;
+        let original = item.original;
         let meta = Meta::new(tier)
             .deadline_opt(item.deadline)
             .size_bytes(item.size_bytes);
@@ -340,6 +358,9 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 if first_admission {
                     self.accounts.metrics.tiers[tier].admitted.increment(1);
                     self.accounts.admitted[tier.rank()].fetch_add(1, Ordering::Relaxed);
+                }
+                if undecided {
+                    self.record_decision(original, Decision::Admitted);
                 }
                 let mut hold = None;
                 for removed in evicted {
@@ -376,8 +397,10 @@ impl<T: Send + Sync + 'static> Inner<T> {
                     drop(err.into_inner());
                     return Offer::Taken;
                 }
+                self.buckets.refund(grant);
                 let mut item = err.into_inner();
                 item.admitted_before = !first_admission;
+                item.decided = !undecided;
                 self.refused(item, reason, started)
             }
         }
@@ -418,6 +441,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
         started: Option<Instant>,
     ) -> Offer<T> {
         let tier = item.tier();
+        item.last_refusal = r as u8;
+        self.decide(&mut item, decision_of(r));
         if !item.refused_before {
             // Count messages, not attempts: a held message is offered again and again.
             item.refused_before = true;
@@ -536,6 +561,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
             }
             RefusalPolicy::Backpressure => {
                 self.accounts.metrics.tiers[tier].backpressure.increment(1);
+                let mut item = item;
+                item.mark_waiting();
                 Offer::Hold(item)
             }
             RefusalPolicy::Defer => match Arc::clone(&self.deferring).try_acquire_owned() {
@@ -549,6 +576,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 }
                 Err(_) => {
                     self.accounts.metrics.tiers[tier].backpressure.increment(1);
+                    let mut item = item;
+                    item.mark_waiting();
                     Offer::Hold(item)
                 }
             },
@@ -1046,6 +1075,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 limit: self.limit.limit(),
             };
             let level = pull.observe(&sample);
+            self.sample_toolbox();
             tracing::trace!(
                 level,
                 arrival = pull.arrival_rate(),

@@ -41,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 use crate::queue::TierMask;
 use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::item::Item;
+use crate::runtime::metrics::refuses_bottom_prefix;
 use crate::runtime::Source;
 
 /// How a source is pulled.
@@ -166,7 +167,9 @@ impl<T: Send + Sync + 'static> Held<T> {
                     inner.held.fetch_sub(1, Ordering::Relaxed);
                 }
                 Offer::Hold(item) => {
-                    self.refused_floor = Some(self.refused_floor.map_or(rank, |f| f.max(rank)));
+                    if refuses_bottom_prefix(item.last_refusal) {
+                        self.refused_floor = Some(self.refused_floor.map_or(rank, |f| f.max(rank)));
+                    }
                     self.items.push_back(item);
                 }
                 // Ours is queued; the lower one it evicted is held in its place.
@@ -181,6 +184,8 @@ impl<T: Send + Sync + 'static> Held<T> {
         let rank = item.tier().rank();
         if self.refused_floor.is_some_and(|floor| rank <= floor) {
             inner.held.fetch_add(1, Ordering::Relaxed);
+            let mut item = item;
+            item.mark_waiting();
             self.items.push_back(item);
             return;
         }
@@ -188,7 +193,9 @@ impl<T: Send + Sync + 'static> Held<T> {
             Offer::Taken => {}
             Offer::Hold(item) => {
                 inner.held.fetch_add(1, Ordering::Relaxed);
-                self.refused_floor = Some(self.refused_floor.map_or(rank, |f| f.max(rank)));
+                if refuses_bottom_prefix(item.last_refusal) {
+                    self.refused_floor = Some(self.refused_floor.map_or(rank, |f| f.max(rank)));
+                }
                 self.items.push_back(item);
             }
             Offer::Evicted(victim) => {
@@ -280,7 +287,11 @@ pub(crate) async fn run<S: Source>(
             }
             paused = full;
         }
-        let may_pull = !full && !finished && (mode == Mode::Normal || drain_allowed(&inner));
+        // The memory budget is kept by not pulling: a pulled message is in memory already.
+        let may_pull = !full
+            && !finished
+            && (mode == Mode::Normal || drain_allowed(&inner))
+            && inner.accounts.memory.may_pull();
         // Not overloaded: pull only what the workers will serve soon; the broker keeps the rest.
         let prefetch = inner.prefetch();
         if may_pull && mode == Mode::Normal && level == 0 && inner.queue.len() >= prefetch {

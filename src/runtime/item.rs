@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use quanta::Instant;
 
-use crate::admission::CircuitBreaker;
+use crate::admission::{CircuitBreaker, Decisions, MemoryBudget};
 use crate::ledger::{Disposition, Ledger};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::{Ack, Envelope};
@@ -26,6 +26,11 @@ pub(crate) struct Accounts {
     pub(crate) admitted: [AtomicU64; 4],
     /// Admitted messages taken back at dequeue by their circuit, per tier (rank).
     pub(crate) withdrawn: [AtomicU64; 4],
+    /// The payload bytes of the items alive, against the memory budget: added when an item is
+    /// built, removed when it is settled or released.
+    pub(crate) memory: MemoryBudget,
+    /// Each item's first admission decision, per original tier.
+    pub(crate) decisions: Decisions,
 }
 
 /// The message, owned until a handler first needs a shared handle: admission and refusal never
@@ -60,6 +65,12 @@ pub(crate) struct Item<T> {
     pub(crate) key: Option<u64>,
     /// The circuit breaker of its downstream, looked up once when it was consumed.
     pub(crate) circuit: Option<Arc<CircuitBreaker>>,
+    /// Its first admission decision is counted (`triage_admission_decisions_total`).
+    pub(crate) decided: bool,
+    /// Waiting under backpressure: its bytes are out of the memory budget's working set.
+    waiting: bool,
+    /// The `REASONS` index of its last refusal (meaningful only once refused).
+    pub(crate) last_refusal: u8,
     ack: Option<Ack>,
     accounts: Arc<Accounts>,
 }
@@ -70,6 +81,7 @@ impl<T> Item<T> {
         accounts.ledger.record_consumed(original);
         accounts.metrics.tiers[original].consumed.increment(1);
         accounts.alive.fetch_add(1, Ordering::Relaxed);
+        accounts.memory.add(env.size_bytes as u64);
         Item {
             payload: Payload::Owned(env.payload),
             original,
@@ -82,6 +94,9 @@ impl<T> Item<T> {
             admitted_before: false,
             key: env.ordering_key,
             circuit: None,
+            decided: false,
+            waiting: false,
+            last_refusal: 0,
             ack: Some(env.ack),
             accounts: Arc::clone(accounts),
         }
@@ -132,6 +147,7 @@ impl<T> Item<T> {
             .released
             .increment(1);
         self.accounts.alive.fetch_sub(1, Ordering::Relaxed);
+        self.leave_memory();
         Ok(Envelope {
             payload,
             criticality: self.original,
@@ -157,6 +173,32 @@ impl<T> Item<T> {
             ack.resolve(disposition);
         }
         self.accounts.alive.fetch_sub(1, Ordering::Relaxed);
+        self.leave_memory();
+    }
+
+    /// Its bytes leave the memory budget (settled or released: exactly once, as the ack).
+    fn leave_memory(&mut self) {
+        self.accounts
+            .memory
+            .remove(self.size_bytes as u64, self.waiting);
+        self.waiting = false;
+    }
+
+    /// It waits under backpressure: out of the memory budget's working set until offered
+    /// again.
+    pub(crate) fn mark_waiting(&mut self) {
+        if !self.waiting {
+            self.waiting = true;
+            self.accounts.memory.mark_waiting(self.size_bytes as u64);
+        }
+    }
+
+    /// Offered again: back in the working set.
+    pub(crate) fn unmark_waiting(&mut self) {
+        if self.waiting {
+            self.waiting = false;
+            self.accounts.memory.unmark_waiting(self.size_bytes as u64);
+        }
     }
 
     pub(crate) fn accounts(&self) -> &Accounts {
@@ -172,6 +214,7 @@ impl<T> Drop for Item<T> {
                 .released
                 .increment(1);
             self.accounts.alive.fetch_sub(1, Ordering::Relaxed);
+            self.leave_memory();
             ack.release();
         }
     }

@@ -2,7 +2,7 @@
 //! This module has no public items: it is the reference of the metric names. The histograms'
 //! bucket bounds are set here too, beside their names, and applied by `observe::serve`.
 //!
-//! Names are under `triage_`; labels are from small fixed sets (`tier`, `reason`), never from
+//! Names are under `triage_`; labels are from small fixed sets (`tier`, `reason`, `decision`), never from
 //! message content. Handles are registered once at start, so recording is an atomic add on a
 //! handle: no lookup, no allocation, no formatting on the hot path. Without a recorder installed
 //! (see `metrics::set_global_recorder`, or the `prometheus` feature) every handle is a no-op.
@@ -11,7 +11,8 @@
 //! |---|---|---|---|
 //! | `triage_consumed_total` | counter | tier | messages taken from sources |
 //! | `triage_admitted_total` | counter | tier | messages accepted into the queue |
-//! | `triage_refused_total` | counter | tier, reason | admission decisions against a message: `overloaded`, `full`, `too_large`, `evicted`, `circuit` (its downstream's circuit open) |
+//! | `triage_refused_total` | counter | tier, reason | admission decisions against a message: `overloaded`, `full`, `too_large`, `evicted`, `circuit` (its downstream's circuit open), `rate` (token bucket empty), `memory` (memory budget) |
+//! | `triage_admission_decisions_total` | counter | tier, decision | each consumed message's first admission decision: `admitted`, `shed-capacity`, `shed-rate`, `shed-circuit`, `shed-expired`, `shed-memory`; they add up to the messages consumed |
 //! | `triage_shed_total` | counter | tier, reason | messages ending `Shed` (acknowledged, dropped by policy) |
 //! | `triage_deferred_total` | counter | tier | messages ending `Deferred` (broker confirmed) |
 //! | `triage_defer_failures_total` | counter | | defer publishes that failed in transport (message fell back to backpressure, sink marked unhealthy) |
@@ -50,6 +51,9 @@
 //! | `triage_circuits_open` | gauge | | downstream circuits not closed (open or half-open) |
 //! | `triage_circuits_opened_total` | counter | | times a downstream circuit opened (from closed, or again after a failed probe) |
 //! | `triage_breaker_untracked_total` | counter | | messages whose downstream key was not tracked because `breaker.max_keys` keys already were |
+//! | `triage_bucket_fill_ratio` | gauge | tier | tokens in the tier's bucket over its burst, 0 to 1 (1 for a tier without a bucket) |
+//! | `triage_memory_held_bytes` | gauge | | payload bytes held by the process: queued, held, deferring, waiting to retry, in a handler |
+//! | `triage_memory_budget_bytes` | gauge | | the memory budget, bytes (0: none) |
 //! | `triage_sojourn_seconds` | histogram | tier | time from enqueue to dequeue |
 //! | `triage_handler_latency_seconds` | histogram | tier | handler run time |
 //! | `triage_reject_cost_seconds` | histogram | | cost of the admit-or-refuse decision for refused messages, sampled 1 in 1024 |
@@ -135,7 +139,11 @@ pub(crate) const ADMITTED: Def = counter_def(
 );
 pub(crate) const REFUSED: Def = counter_def(
     "triage_refused_total",
-    "Admission decisions against a message, by tier and reason (overloaded, full, too_large, evicted, circuit); a held message refused again counts again.",
+    "Admission decisions against a message, by tier and reason (overloaded, full, too_large, evicted, circuit, rate, memory); a held message refused again counts again.",
+);
+pub(crate) const DECISIONS: Def = counter_def(
+    "triage_admission_decisions_total",
+    "Each consumed message's first admission decision, by tier and decision (admitted, shed-capacity, shed-rate, shed-circuit, shed-expired, shed-memory); the decisions add up to the messages consumed.",
 );
 pub(crate) const SHED: Def = counter_def(
     "triage_shed_total",
@@ -307,6 +315,21 @@ pub(crate) const BREAKER_UNTRACKED: Def = counter_def(
     "triage_breaker_untracked_total",
     "Messages whose downstream key was not tracked (admitted without a breaker) because breaker.max_keys keys already were.",
 );
+pub(crate) const BUCKET_FILL: Def = gauge_def(
+    "triage_bucket_fill_ratio",
+    None,
+    "Tokens in the tier's token bucket over its burst, 0 (empty: refusing with reason rate) to 1 (full); 1 for a tier without a bucket.",
+);
+pub(crate) const MEMORY_HELD: Def = gauge_def(
+    "triage_memory_held_bytes",
+    Some(Unit::Bytes),
+    "Payload bytes held by the process (queued, held by backpressure, deferring, waiting to retry, in a handler), bytes.",
+);
+pub(crate) const MEMORY_BUDGET: Def = gauge_def(
+    "triage_memory_budget_bytes",
+    Some(Unit::Bytes),
+    "The memory budget the bytes held are admitted against, bytes (0: no budget).",
+);
 pub(crate) const SOJOURN: Def = seconds_histogram(
     "triage_sojourn_seconds",
     LATENCY_BUCKETS,
@@ -324,10 +347,12 @@ pub(crate) const REJECT_COST: Def = seconds_histogram(
 );
 
 /// Every metric the runtime records.
-pub(crate) const ALL: [&Def; 44] = [
+// A slice, not an array: its length is no line for parallel changes to conflict on.
+pub(crate) const ALL: &[&Def] = &[
     &CONSUMED,
     &ADMITTED,
     &REFUSED,
+    &DECISIONS,
     &SHED,
     &DEFERRED,
     &DEFER_FAILURES,
@@ -366,6 +391,9 @@ pub(crate) const ALL: [&Def; 44] = [
     &CIRCUITS_OPEN,
     &CIRCUITS_OPENED,
     &BREAKER_UNTRACKED,
+    &BUCKET_FILL,
+    &MEMORY_HELD,
+    &MEMORY_BUDGET,
     &SOJOURN,
     &HANDLER_LATENCY,
     &REJECT_COST,
@@ -396,7 +424,15 @@ pub(crate) fn describe() {
 }
 
 /// `reason` label values of `triage_refused_total` and `triage_shed_total`.
-pub(crate) const REASONS: [&str; 5] = ["overloaded", "full", "too_large", "evicted", "circuit"];
+pub(crate) const REASONS: [&str; 7] = [
+    "overloaded",
+    "full",
+    "too_large",
+    "evicted",
+    "circuit",
+    "rate",
+    "memory",
+];
 
 pub(crate) fn reason_index(reason: RefuseReason) -> usize {
     match reason {
@@ -412,11 +448,37 @@ pub(crate) const EVICTED: usize = 3;
 /// Refused because the circuit of the message's downstream is open.
 pub(crate) const CIRCUIT: usize = 4;
 
+/// Refused by the tier's token bucket (and its lenders').
+pub(crate) const RATE: usize = 5;
+
+/// Refused because the bytes held passed the tier's share of the memory budget.
+pub(crate) const MEMORY: usize = 6;
+
+/// Whether a refusal for `reason` refuses a bottom prefix of the ladder (every tier below a
+/// refused one would be refused too), so an intake may hold lower tiers at once behind it.
+/// Rate (a bucket per tier) and circuit (a breaker per downstream) refuse tier by tier.
+pub(crate) fn refuses_bottom_prefix(reason: u8) -> bool {
+    !matches!(reason as usize, CIRCUIT | RATE)
+}
+
+/// The decision a first refusal with `REASONS` index `reason` counts as.
+pub(crate) fn decision_of(reason: usize) -> crate::admission::Decision {
+    use crate::admission::Decision;
+    match reason {
+        CIRCUIT => Decision::ShedCircuit,
+        RATE => Decision::ShedRate,
+        MEMORY => Decision::ShedMemory,
+        _ => Decision::ShedCapacity,
+    }
+}
+
 pub(crate) struct TierMetrics {
     pub(crate) consumed: Counter,
     pub(crate) admitted: Counter,
-    pub(crate) refused: [Counter; 5],
-    pub(crate) shed: [Counter; 5],
+    pub(crate) refused: [Counter; REASONS.len()],
+    pub(crate) shed: [Counter; REASONS.len()],
+    pub(crate) decisions: [Counter; 6],
+    pub(crate) bucket_fill: Gauge,
     pub(crate) deferred: Counter,
     pub(crate) expired: Counter,
     pub(crate) expired_at_intake: Counter,
@@ -460,6 +522,8 @@ pub(crate) struct Metrics {
     pub(crate) circuits_open: Gauge,
     pub(crate) circuits_opened: Counter,
     pub(crate) breaker_untracked: Counter,
+    pub(crate) memory_held: Gauge,
+    pub(crate) memory_budget: Gauge,
     pub(crate) reject_cost: Histogram,
 }
 
@@ -473,6 +537,9 @@ impl Metrics {
                 admitted: counter!(ADMITTED.name, "tier" => t),
                 refused: REASONS.map(|r| counter!(REFUSED.name, "tier" => t, "reason" => r)),
                 shed: REASONS.map(|r| counter!(SHED.name, "tier" => t, "reason" => r)),
+                decisions: crate::admission::Decision::ALL
+                    .map(|d| counter!(DECISIONS.name, "tier" => t, "decision" => d.as_str())),
+                bucket_fill: gauge!(BUCKET_FILL.name, "tier" => t),
                 deferred: counter!(DEFERRED.name, "tier" => t),
                 expired: counter!(EXPIRED.name, "tier" => t),
                 expired_at_intake: counter!(EXPIRED_AT_INTAKE.name, "tier" => t),
@@ -516,6 +583,8 @@ impl Metrics {
             circuits_open: gauge!(CIRCUITS_OPEN.name),
             circuits_opened: counter!(CIRCUITS_OPENED.name),
             breaker_untracked: counter!(BREAKER_UNTRACKED.name),
+            memory_held: gauge!(MEMORY_HELD.name),
+            memory_budget: gauge!(MEMORY_BUDGET.name),
             reject_cost: histogram!(REJECT_COST.name),
         }
     }

@@ -33,6 +33,7 @@ mod report;
 mod sink;
 mod source;
 mod submit;
+mod toolbox;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -238,6 +239,8 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             refused: Default::default(),
             admitted: Default::default(),
             withdrawn: Default::default(),
+            memory: crate::admission::MemoryBudget::new(&config.memory),
+            decisions: Default::default(),
         });
         accounts.metrics.config_generation.set(1.0);
         accounts
@@ -254,6 +257,7 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             config.breaker.clone(),
             self.clock.clone(),
         )?);
+        let buckets = crate::admission::TierBuckets::new(&config.buckets, self.clock.clone());
         let inner = Arc::new(Inner {
             queue,
             limit,
@@ -289,6 +293,7 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             last_work_ns: Default::default(),
             pushed_seen: Default::default(),
             gate: crate::ordering::KeyGate::new(),
+            buckets,
         });
         let mut worker_set = tokio::task::JoinSet::new();
         for _ in 0..workers {
@@ -411,6 +416,9 @@ impl<T: Send + Sync + 'static> Runtime<T> {
     /// - [`SubmitError::Full`]: the queue is full with nothing lower to evict; the message was
     ///   counted as consumed and then released. (A message with an ordering key is held
     ///   instead, since the later messages of its key must not run before it: `Ok(())`.)
+    /// - [`SubmitError::RateLimited`]: its tier's token bucket (and its lenders') is empty;
+    ///   counted as consumed and then released, like `Full`.
+    /// - [`SubmitError::Memory`]: the memory budget refuses its tier; likewise.
     /// - [`SubmitError::Closed`]: the runtime is shutting down.
     pub fn try_submit(&self, envelope: Envelope<T>) -> Result<(), SubmitError<T>> {
         let inner = &self.inner;
@@ -446,9 +454,11 @@ impl<T: Send + Sync + 'static> Runtime<T> {
                 inner.hold_in_task(item);
                 Ok(())
             }
-            engine::Offer::Hold(item) => match item.hand_back() {
-                Ok(envelope) => Err(SubmitError::Full(envelope)),
-                Err(item) => {
+            engine::Offer::Hold(item) => match (item.last_refusal as usize, item.hand_back()) {
+                (metrics::RATE, Ok(envelope)) => Err(SubmitError::RateLimited(envelope)),
+                (metrics::MEMORY, Ok(envelope)) => Err(SubmitError::Memory(envelope)),
+                (_, Ok(envelope)) => Err(SubmitError::Full(envelope)),
+                (_, Err(item)) => {
                     inner.hold_in_task(item);
                     Ok(())
                 }

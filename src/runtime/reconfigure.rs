@@ -252,6 +252,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         self.limit.set_shares(config.shares);
         // Validated with the rest above; every key keeps its state.
         self.breakers.replace(config.breaker.clone());
+        self.apply_toolbox(&config);
         if let Some(limiter) = limiter {
             self.limit.set_algorithm(limiter);
         }

@@ -22,6 +22,10 @@ pub enum DeferReason {
     /// The circuit of its downstream was open (see
     /// [`RuntimeBuilder::downstream`](crate::runtime::RuntimeBuilder::downstream)).
     Circuit,
+    /// Its tier's token bucket (and its lenders') had no token.
+    Rate,
+    /// The bytes held passed its tier's share of the memory budget.
+    Memory,
 }
 
 impl DeferReason {
@@ -33,6 +37,8 @@ impl DeferReason {
             DeferReason::Evicted => "evicted",
             DeferReason::Shutdown => "shutdown",
             DeferReason::Circuit => "circuit",
+            DeferReason::Rate => "rate",
+            DeferReason::Memory => "memory",
         }
     }
 }

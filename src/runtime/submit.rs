@@ -19,6 +19,13 @@ pub enum SubmitError<T> {
     /// policy is Backpressure: a handler call now would be bound to fail. Retry after the
     /// breaker's `recovery_ms`.
     CircuitOpen(Envelope<T>),
+    /// Its tier's token bucket, and its lenders', have no token now (`buckets` in the config),
+    /// and its tier's policy is Backpressure: "you are over your rate" (an HTTP entry answers
+    /// 429), where `Overloaded` and `Full` say "the worker is over its capacity" (503).
+    RateLimited(Envelope<T>),
+    /// The payload bytes held passed its tier's share of the memory budget (`memory` in the
+    /// config), and its tier's policy is Backpressure.
+    Memory(Envelope<T>),
 }
 
 impl<T> SubmitError<T> {
@@ -28,7 +35,9 @@ impl<T> SubmitError<T> {
             SubmitError::Overloaded(e)
             | SubmitError::Full(e)
             | SubmitError::Closed(e)
-            | SubmitError::CircuitOpen(e) => e,
+            | SubmitError::CircuitOpen(e)
+            | SubmitError::RateLimited(e)
+            | SubmitError::Memory(e) => e,
         }
     }
 }
@@ -40,6 +49,8 @@ impl<T> fmt::Debug for SubmitError<T> {
             SubmitError::Full(_) => "Full(..)",
             SubmitError::Closed(_) => "Closed(..)",
             SubmitError::CircuitOpen(_) => "CircuitOpen(..)",
+            SubmitError::RateLimited(_) => "RateLimited(..)",
+            SubmitError::Memory(_) => "Memory(..)",
         })
     }
 }
@@ -51,6 +62,8 @@ impl<T> fmt::Display for SubmitError<T> {
             SubmitError::Full(_) => "queue is full with nothing of a lower tier to evict",
             SubmitError::Closed(_) => "runtime is shutting down",
             SubmitError::CircuitOpen(_) => "the circuit of its downstream is open",
+            SubmitError::RateLimited(_) => "rate limited: the tier's token bucket is empty",
+            SubmitError::Memory(_) => "memory budget: the bytes held passed the tier's threshold",
         })
     }
 }

@@ -1,0 +1,280 @@
+//! The admission toolbox through the runtime: per-tier token buckets (virtual clock), the
+//! decision breakdown, and the memory budget's exact accounting.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use triage::admission::{BucketConfig, BucketsConfig, MemoryConfig, QueueAgeConfig};
+use triage::quanta::Clock;
+use triage::runtime::{Ack, Envelope, Job, RefusalPolicy, Runtime, RuntimeConfig, SubmitError};
+use triage::{Criticality, PerTier};
+
+use Criticality::*;
+
+fn config() -> RuntimeConfig {
+    let mut config = RuntimeConfig {
+        workers: 1.try_into().unwrap(),
+        ..RuntimeConfig::default()
+    };
+    config.queue.admission = QueueAgeConfig::disabled();
+    config.queue.capacity = 20_000.try_into().unwrap();
+    config
+}
+
+fn env(i: u64, tier: Criticality) -> Envelope<u64> {
+    Envelope::new(i, tier, Ack::noop())
+}
+
+/// A tier limited to R/s, offered 1,000 messages per virtual second for 10 virtual seconds,
+/// admits its burst then R per second, within one message, and the decisions add up to the
+/// messages offered.
+#[tokio::test(flavor = "current_thread")]
+async fn a_rate_limited_tier_admits_its_rate_over_ten_virtual_seconds() {
+    const RATE: f64 = 50.0;
+    let (clock, mock) = Clock::mock();
+    let mut config = config();
+    config.buckets =
+        BucketsConfig::default().with(Medium, Some(BucketConfig::per_second(RATE).burst(1)));
+    config.policy[Medium] = RefusalPolicy::Drop;
+    let rt = Runtime::builder(config)
+        .clock(clock)
+        .start(|_job: Job<u64>| async { Ok(()) })
+        .unwrap();
+    let mut per_second = Vec::new();
+    let mut last = 0;
+    for ms in 0..10_000u64 {
+        rt.try_submit(env(ms, Medium)).unwrap();
+        mock.increment(Duration::from_millis(1));
+        if ms % 1000 == 999 {
+            let admitted = rt.decisions()[Medium].admitted;
+            per_second.push(admitted - last);
+            last = admitted;
+            tokio::task::yield_now().await;
+        }
+    }
+    let d = rt.decisions()[Medium];
+    // Burst 1 at t = 0, then one every 20 ms: 1 + 499 over [0, 10 s).
+    assert!(
+        (d.admitted as i64 - 500).abs() <= 1,
+        "admitted {} of 10,000 at {RATE}/s over 10 s",
+        d.admitted
+    );
+    for (s, n) in per_second.iter().enumerate() {
+        assert!((*n as f64 - RATE).abs() <= 1.0, "second {s}: {n}");
+    }
+    assert_eq!(d.shed_rate, 10_000 - d.admitted);
+    assert_eq!(d.total(), 10_000);
+    rt.wait_idle().await;
+    let stats = rt.stats();
+    let t = stats.ledger.tier(Medium);
+    assert_eq!(t.consumed, 10_000);
+    assert_eq!(t.completed, d.admitted);
+    assert_eq!(t.shed, d.shed_rate);
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+}
+
+/// Critical borrows from High when its own bucket is empty; High does not borrow; a
+/// Backpressure tier's rate refusal comes back to an in-process caller as `RateLimited`.
+#[tokio::test(flavor = "current_thread")]
+async fn critical_borrows_from_high_and_high_does_not_borrow() {
+    let (clock, mock) = Clock::mock();
+    let mut config = config();
+    config.buckets = BucketsConfig::default()
+        .with(Critical, Some(BucketConfig::per_second(1.0).burst(2)))
+        .with(High, Some(BucketConfig::per_second(1.0).burst(3)))
+        .with(Medium, Some(BucketConfig::per_second(1.0).burst(10)));
+    config.policy = PerTier::splat(RefusalPolicy::Backpressure);
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = Arc::clone(&gate);
+    let rt = Runtime::builder(config)
+        .clock(clock)
+        .start(move |_job: Job<u64>| {
+            let g = Arc::clone(&g);
+            async move {
+                let _ = g.acquire().await;
+                Ok(())
+            }
+        })
+        .unwrap();
+    for i in 0..5 {
+        rt.try_submit(env(i, Critical)).unwrap();
+    }
+    assert_eq!(rt.buckets().tokens(Critical), 0);
+    assert_eq!(rt.buckets().tokens(High), 0, "Critical took High's three");
+    assert!(matches!(
+        rt.try_submit(env(5, Critical)),
+        Err(SubmitError::RateLimited(_))
+    ));
+    // High is empty and does not borrow from Medium, which is full.
+    assert!(matches!(
+        rt.try_submit(env(6, High)),
+        Err(SubmitError::RateLimited(_))
+    ));
+    assert_eq!(rt.buckets().tokens(Medium), 10);
+    assert_eq!(rt.buckets().fill(Medium), 1.0);
+    assert_eq!(rt.buckets().fill(High), 0.0);
+    mock.increment(Duration::from_secs(1));
+    rt.try_submit(env(7, High)).unwrap();
+    assert!((rt.buckets().fill(Critical) - 0.5).abs() < 1e-9);
+    let d = rt.decisions();
+    assert_eq!((d[Critical].admitted, d[Critical].shed_rate), (5, 1));
+    assert_eq!((d[High].admitted, d[High].shed_rate), (1, 1));
+    gate.add_permits(100);
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    let total: u64 = Criticality::ALL.iter().map(|&t| d[t].total()).sum();
+    assert_eq!(total, report.stats.ledger.total().consumed);
+}
+
+/// The memory budget's accounting is exact: bytes added when a message is taken, removed at
+/// its disposition (served, shed, or handed back), and tiers refused at their thresholds.
+#[tokio::test(flavor = "current_thread")]
+async fn memory_accounting_is_exact() {
+    let mut config = config();
+    config.memory = MemoryConfig::with_budget(2000); // Sheddable 1000, Medium 1400, High 1700
+    config.policy = PerTier::new(
+        RefusalPolicy::Backpressure,
+        RefusalPolicy::Backpressure,
+        RefusalPolicy::Drop,
+        RefusalPolicy::Drop,
+    );
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = Arc::clone(&gate);
+    let rt = Runtime::builder(config)
+        .start(move |_job: Job<u64>| {
+            let g = Arc::clone(&g);
+            async move {
+                let _ = g.acquire().await;
+                Ok(())
+            }
+        })
+        .unwrap();
+    let sized = |i, tier, size| env(i, tier).with_size_bytes(size);
+    rt.try_submit(sized(0, Sheddable, 400)).unwrap();
+    rt.try_submit(sized(1, Sheddable, 400)).unwrap();
+    tokio::task::yield_now().await; // one is in the handler now: still held
+    assert_eq!(rt.memory().held(), 800);
+    // 1,200 > 1,000: refused for memory, dropped, its bytes gone at once.
+    rt.try_submit(sized(2, Sheddable, 400)).unwrap();
+    assert_eq!(rt.memory().held(), 800);
+    rt.try_submit(sized(3, Medium, 500)).unwrap();
+    assert_eq!(rt.memory().held(), 1300);
+    rt.try_submit(sized(4, High, 300)).unwrap();
+    assert_eq!(rt.memory().held(), 1600);
+    // 1,800 > High's 1,700: a Backpressure tier gets its message back, bytes released.
+    assert!(matches!(
+        rt.try_submit(sized(5, High, 200)),
+        Err(SubmitError::Memory(_))
+    ));
+    assert_eq!(rt.memory().held(), 1600);
+    rt.try_submit(sized(6, Critical, 400)).unwrap();
+    assert_eq!(rt.memory().held(), 2000);
+    assert_eq!(rt.memory().peak(), 2000);
+    let d = rt.decisions();
+    assert_eq!((d[Sheddable].admitted, d[Sheddable].shed_memory), (2, 1));
+    assert_eq!((d[High].admitted, d[High].shed_memory), (1, 1));
+    assert_eq!(d[Critical].admitted, 1);
+    let order = rt.memory().first_refusals();
+    assert!(order[Sheddable] < order[High] && order[Critical].is_none());
+    gate.add_permits(100);
+    rt.wait_idle().await;
+    assert_eq!(rt.memory().held(), 0);
+    assert_eq!(rt.memory().waiting(), 0);
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+}
+
+/// The fill gauges and the memory gauge match the state they sample.
+#[cfg(feature = "prometheus")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_gauges_match_the_buckets_and_the_bytes_held() {
+    let (clock, _mock) = Clock::mock();
+    let mut config = config();
+    config.buckets = BucketsConfig::default()
+        .with(High, Some(BucketConfig::per_second(10.0).burst(4)))
+        .with(Sheddable, Some(BucketConfig::per_second(10.0).burst(8)));
+    config.memory = MemoryConfig::with_budget(1 << 20);
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let rt = metrics::with_local_recorder(&recorder, || {
+        Runtime::builder(config)
+            .clock(clock)
+            .start(|_job: Job<u64>| std::future::pending())
+            .unwrap()
+    });
+    for i in 0..2 {
+        rt.try_submit(env(i, High).with_size_bytes(1000)).unwrap();
+    }
+    rt.try_submit(env(9, Sheddable).with_size_bytes(24))
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await; // a few sampler ticks
+    let text = handle.render();
+    let value = |line_start: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(line_start))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{line_start} not in\n{text}"))
+    };
+    assert_eq!(value("triage_bucket_fill_ratio{tier=\"high\"}"), 0.5);
+    assert_eq!(rt.buckets().fill(High), 0.5);
+    assert_eq!(value("triage_bucket_fill_ratio{tier=\"sheddable\"}"), 0.875);
+    assert_eq!(value("triage_bucket_fill_ratio{tier=\"critical\"}"), 1.0);
+    assert_eq!(value("triage_memory_held_bytes"), 2024.0);
+    assert_eq!(value("triage_memory_budget_bytes"), (1 << 20) as f64);
+    assert_eq!(
+        value("triage_admission_decisions_total{tier=\"high\",decision=\"admitted\"}"),
+        2.0
+    );
+    assert!(text.contains("# HELP triage_admission_decisions_total"));
+    let _ = rt.shutdown(Duration::from_millis(100)).await;
+}
+
+/// `Runtime::reconfigure` changes the buckets and the memory budget of a running runtime.
+#[tokio::test(flavor = "current_thread")]
+async fn buckets_and_memory_budget_are_reconfigured_live() {
+    let (clock, mock) = Clock::mock();
+    let mut config = config();
+    config.buckets =
+        BucketsConfig::default().with(Sheddable, Some(BucketConfig::per_second(1.0).burst(1)));
+    config.policy[Sheddable] = RefusalPolicy::Drop;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = Arc::clone(&gate);
+    let rt = Runtime::builder(config.clone())
+        .clock(clock)
+        .start(move |_job: Job<u64>| {
+            let g = Arc::clone(&g);
+            async move {
+                let _ = g.acquire().await;
+                Ok(())
+            }
+        })
+        .unwrap();
+    rt.try_submit(env(0, Sheddable)).unwrap();
+    rt.try_submit(env(1, Sheddable)).unwrap();
+    assert_eq!(rt.decisions()[Sheddable].shed_rate, 1);
+    // 100/s, burst 10: after 50 ms, 5 tokens.
+    config.buckets =
+        BucketsConfig::default().with(Sheddable, Some(BucketConfig::per_second(100.0).burst(10)));
+    config.memory = MemoryConfig::with_budget(1000);
+    rt.reconfigure(config.clone()).unwrap();
+    mock.increment(Duration::from_millis(50));
+    assert_eq!(rt.buckets().tokens(Sheddable), 5);
+    assert_eq!(rt.memory().budget(), Some(1000));
+    // The budget applies: 600 bytes of Sheddable pass its 500.
+    rt.try_submit(env(2, Sheddable).with_size_bytes(600))
+        .unwrap();
+    assert_eq!(rt.decisions()[Sheddable].shed_memory, 1);
+    // An invalid bucket is refused, naming the field, and nothing changes.
+    let mut bad = config.clone();
+    bad.buckets.borrow.high = vec![Critical];
+    let err = rt.reconfigure(bad).unwrap_err();
+    assert_eq!(err.field(), Some("buckets.borrow.high"));
+    assert_eq!(rt.buckets().tokens(Sheddable), 5);
+    gate.add_permits(100);
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+}
