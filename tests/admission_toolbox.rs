@@ -263,16 +263,19 @@ async fn buckets_and_memory_budget_are_reconfigured_live() {
     mock.increment(Duration::from_millis(50));
     assert_eq!(rt.buckets().tokens(Sheddable), 5);
     assert_eq!(rt.memory().budget(), Some(1000));
-    // The budget applies: 600 bytes of Sheddable pass its 500.
-    rt.try_submit(env(2, Sheddable).with_size_bytes(600))
+    // The budget applies: 100 + 600 bytes of Sheddable pass its 500.
+    rt.try_submit(env(2, Sheddable).with_size_bytes(100))
+        .unwrap();
+    rt.try_submit(env(3, Sheddable).with_size_bytes(600))
         .unwrap();
     assert_eq!(rt.decisions()[Sheddable].shed_memory, 1);
+    assert_eq!(rt.buckets().tokens(Sheddable), 4);
     // An invalid bucket is refused, naming the field, and nothing changes.
     let mut bad = config.clone();
     bad.buckets.borrow.high = vec![Critical];
     let err = rt.reconfigure(bad).unwrap_err();
     assert_eq!(err.field(), Some("buckets.borrow.high"));
-    assert_eq!(rt.buckets().tokens(Sheddable), 5);
+    assert_eq!(rt.buckets().tokens(Sheddable), 4);
     gate.add_permits(100);
     rt.wait_idle().await;
     let report = rt.shutdown(Duration::from_secs(5)).await;
