@@ -402,7 +402,7 @@ pub(crate) const ALL: &[&Def] = &[
 /// Bucket bounds of every histogram, by name, for the exporter (`observe::serve`).
 #[cfg(feature = "prometheus")]
 pub(crate) fn histogram_buckets() -> impl Iterator<Item = (&'static str, &'static [f64])> {
-    ALL.into_iter()
+    ALL.iter()
         .filter(|d| d.kind == Kind::Histogram)
         .map(|d| (d.name, d.buckets))
 }
