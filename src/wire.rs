@@ -40,7 +40,9 @@ pub const ATTEMPT: &str = "triage-attempt";
 pub const DEFERRALS: &str = "triage-deferrals";
 /// Absolute deadline, decimal Unix milliseconds (absent without a deadline).
 pub const DEADLINE_MS: &str = "triage-deadline-ms";
-/// Why the copy was re-published (`overloaded`, `full`, `evicted`, `shutdown`, `failed`, ...).
+/// Why the copy was re-published (`overloaded`, `full`, `evicted`, `shutdown`, `failed`, ...);
+/// on an HTTP or gRPC refusal by `triage-tower`, why it was refused (`capacity`, `expired`,
+/// `rate`, `circuit`).
 pub const REASON: &str = "triage-reason";
 /// For a dead letter, the last error's text, at most [`MAX_ERROR_BYTES`] bytes.
 pub const ERROR: &str = "triage-error";

@@ -67,11 +67,12 @@ struct Args {
     quiet: bool,
 }
 
-/// Time from entry to answer, microseconds, per tier (as labelled by the caller) and outcome.
+/// Time from entry to answer, microseconds, per tier (as labelled by the caller) and outcome:
+/// served, or refused by reason (in `RefusalReason::ALL` order, read from `triage-reason`).
 #[derive(Default)]
 struct Timings {
     served: PerTier<Vec<u32>>,
-    refused: PerTier<Vec<u32>>,
+    refused: PerTier<[Vec<u32>; 4]>,
 }
 
 fn percentile(v: &mut [u32], p: f64) -> f64 {
@@ -230,15 +231,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             stats.served[tier],
             refused.join(", ")
         );
-        println!(
-            "          served p50 {:.2} p99 {:.2} ms ({} samples); refused p50 {:.3} p99 {:.3} ms ({} samples)",
+        let mut line = format!(
+            "          ms from entry to answer: served p50 {:.2} p99 {:.2} (n {})",
             percentile(&mut t.served[tier], 0.5),
             percentile(&mut t.served[tier], 0.99),
             t.served[tier].len(),
-            percentile(&mut t.refused[tier], 0.5),
-            percentile(&mut t.refused[tier], 0.99),
-            t.refused[tier].len(),
         );
+        for (i, reason) in RefusalReason::ALL.iter().enumerate() {
+            let v = &mut t.refused[tier][i];
+            if !v.is_empty() {
+                line += &format!(
+                    "; refused {} p50 {:.3} p99 {:.3} (n {})",
+                    reason.as_str(),
+                    percentile(v, 0.5),
+                    percentile(v, 0.99),
+                    v.len()
+                );
+            }
+        }
+        println!("{line}");
     }
     println!(
         "unclassified {}, never shed {}",
@@ -285,10 +296,14 @@ async fn timed(timings: Arc<Mutex<Timings>>, req: Request, next: Next) -> Respon
     if let Some(tier) = tier {
         let micros = u32::try_from(start.elapsed().as_micros()).unwrap_or(u32::MAX);
         let mut t = timings.lock();
-        if response.status().is_success() {
-            t.served[tier].push(micros);
-        } else {
-            t.refused[tier].push(micros);
+        let reason = response
+            .headers()
+            .get(wire::REASON)
+            .and_then(|v| RefusalReason::from_name(v.to_str().ok()?))
+            .and_then(|r| RefusalReason::ALL.iter().position(|x| *x == r));
+        match reason {
+            Some(i) => t.refused[tier][i].push(micros),
+            None => t.served[tier].push(micros),
         }
     }
     response

@@ -8,6 +8,8 @@ use std::time::{Duration, SystemTime};
 use http::request::Parts;
 use triage::{wire, Criticality};
 
+use crate::names;
+
 type Predicate = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 type Closure = Arc<dyn Fn(&Parts) -> Option<Criticality> + Send + Sync>;
 
@@ -114,7 +116,7 @@ impl Classifier {
     /// The tier before retry demotion, or `None` when nothing names a valid one.
     fn base_tier(&self, head: &Parts) -> Option<Criticality> {
         if let Some(trust) = &self.trust {
-            if let Some(value) = head.headers.get(wire::CRITICALITY) {
+            if let Some(value) = head.headers.get(names::CRITICALITY) {
                 if trust(head) {
                     // A trusted but unknown label falls to the default, counted: it is not a
                     // reason to let the route table raise or lower the request.
@@ -153,7 +155,7 @@ impl Classifier {
 /// Retries so far, from `triage-attempt` (0 when absent or malformed).
 fn attempt(head: &Parts) -> u32 {
     head.headers
-        .get(wire::ATTEMPT)
+        .get(names::ATTEMPT)
         .and_then(|v| wire::parse_count(v.as_bytes()))
         .unwrap_or(0)
 }
@@ -169,13 +171,13 @@ pub(crate) fn remaining(head: &Parts) -> Option<Duration> {
 fn remaining_at(head: &Parts, now: impl FnOnce() -> SystemTime) -> Option<Duration> {
     if let Some(deadline) = head
         .headers
-        .get(wire::DEADLINE_MS)
+        .get(names::DEADLINE_MS)
         .and_then(|v| wire::parse_deadline_ms(v.as_bytes()))
     {
         return Some(deadline.duration_since(now()).unwrap_or(Duration::ZERO));
     }
     head.headers
-        .get(wire::GRPC_TIMEOUT)
+        .get(names::GRPC_TIMEOUT)
         .and_then(|v| wire::parse_grpc_timeout(v.as_bytes()))
 }
 

@@ -16,7 +16,11 @@ use triage::{ConfigError, Criticality, PerTier};
 
 use crate::classify::{self, Classifier};
 use crate::metrics::Handles;
+use crate::refusal::Rendered;
 use crate::{EntryAdmission, Gate, Reappearance, Refusal, RefusalReason, TriageConfig};
+
+/// The widest `Retry-After` jitter, in seconds, whose answers are rendered in advance.
+const MAX_RENDERED_JITTER_S: u64 = 60;
 
 /// Where the id of a request comes from, for the reappearance tracker.
 type IdOf = Arc<dyn Fn(&Parts) -> Option<&[u8]> + Send + Sync>;
@@ -165,15 +169,33 @@ impl TriageLayerBuilder {
         let id_of = self.id_of.unwrap_or_else(|| {
             Arc::new(|head: &Parts| {
                 head.headers
-                    .get(triage::wire::REQUEST_ID)
+                    .get(crate::names::REQUEST_ID)
                     .map(|v| v.as_bytes())
             })
         });
         let jitter_s = self.config.retry_after_jitter.as_secs();
+        // Every answer a refusal without a gate's own wait can get, rendered now: a refusal
+        // then copies reference-counted bytes. Not for a jitter so wide the table would be big.
+        let rendered = if jitter_s <= MAX_RENDERED_JITTER_S {
+            let mut all = Vec::new();
+            for reason in RefusalReason::ALL {
+                for rank in 0..4 {
+                    let tier = Criticality::from_rank(rank).unwrap_or(Criticality::Sheddable);
+                    for j in 0..=jitter_s {
+                        let wait = self.config.retry_after.of(reason) + Duration::from_secs(j);
+                        all.push(Rendered::new(&Refusal::new(reason, tier, wait)));
+                    }
+                }
+            }
+            all
+        } else {
+            Vec::new()
+        };
         Ok(TriageLayer {
             shared: Arc::new(Shared {
                 never_shed: self.config.never_shed.clone(),
                 jitter_s,
+                rendered,
                 config: self.config,
                 classifier: self.classifier,
                 gates: self.gates,
@@ -281,6 +303,9 @@ pub(crate) struct Shared {
     pub(crate) config: TriageConfig,
     never_shed: Vec<String>,
     jitter_s: u64,
+    /// By `(reason index x 4 + tier rank) x (jitter_s + 1) + jitter`; empty when the jitter
+    /// is wider than `MAX_RENDERED_JITTER_S`.
+    rendered: Vec<Rendered>,
     pub(crate) classifier: Classifier,
     pub(crate) gates: Vec<Arc<dyn Gate>>,
     pub(crate) admission: EntryAdmission,
@@ -342,18 +367,27 @@ impl Shared {
     ) -> Response<Full<Bytes>> {
         let least = self.config.retry_after.of(reason);
         let wait = wait.map_or(least, |w| w.max(least));
-        let jitter = Duration::from_secs(fastrand::u64(0..=self.jitter_s));
-        let refusal = Refusal::new(reason, d.tier, wait + jitter);
+        let jitter = fastrand::u64(0..=self.jitter_s);
         let rank = d.tier.rank();
+        let index = (reason.index() * 4 + rank) * (self.jitter_s as usize + 1) + jitter as usize;
+        let fresh;
+        let rendered = match self.rendered.get(index) {
+            Some(r) if wait == least => r,
+            _ => {
+                let refusal = Refusal::new(reason, d.tier, wait + Duration::from_secs(jitter));
+                fresh = Rendered::new(&refusal);
+                &fresh
+            }
+        };
         self.counts.refused[rank][reason.index()].fetch_add(1, Ordering::Relaxed);
         self.metrics.refused[rank][reason.index()].increment(1);
         if let Some(id) = d.id {
             self.reappearance.shed(id, d.tier);
         }
         let response = if d.grpc {
-            refusal.grpc_response()
+            rendered.grpc()
         } else {
-            refusal.http_response()
+            rendered.http()
         };
         let elapsed = self.clock.now().saturating_duration_since(d.started);
         self.metrics.refused_seconds[rank].record(elapsed.as_secs_f64());

@@ -63,6 +63,7 @@ mod entry;
 mod gate;
 mod layer;
 pub mod metrics;
+mod names;
 mod reappearance;
 mod refusal;
 mod retry;

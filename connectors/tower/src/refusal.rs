@@ -9,6 +9,8 @@ use http::{HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use triage::{wire, Criticality};
 
+use crate::names;
+
 /// Why a request was answered without being served. Used as a metric label and in the body,
 /// so the set is small and fixed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -165,23 +167,10 @@ impl Refusal {
         })
     }
 
-    fn retry_after_value(&self) -> HeaderValue {
-        HeaderValue::from_str(&wire::format_retry_after(self.retry_after))
-            .unwrap_or(HeaderValue::from_static("1"))
-    }
-
-    /// The HTTP answer: [`RefusalReason::status`], `Retry-After`, and the JSON
-    /// [`body`](Self::body).
+    /// The HTTP answer: [`RefusalReason::status`], `Retry-After`, `triage-reason`, and the
+    /// JSON [`body`](Self::body).
     pub fn http_response(&self) -> Response<Full<Bytes>> {
-        let mut response = Response::new(Full::new(self.body()));
-        *response.status_mut() = self.reason.status();
-        let headers = response.headers_mut();
-        headers.insert(wire::RETRY_AFTER, self.retry_after_value());
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        response
+        Rendered::new(self).http()
     }
 
     /// The gRPC answer, trailers-only: HTTP 200 with `content-type: application/grpc`,
@@ -189,6 +178,59 @@ impl Refusal {
     /// `grpc-retry-pushback-ms` and `Retry-After`, and no body; tonic clients read the status
     /// from these headers.
     pub fn grpc_response(&self) -> Response<Full<Bytes>> {
+        Rendered::new(self).grpc()
+    }
+}
+
+/// A refusal's body and header values, rendered once: the layer keeps one per reason, tier
+/// and `Retry-After` second within the jitter, so answering copies reference-counted bytes
+/// instead of formatting.
+#[derive(Clone)]
+pub(crate) struct Rendered {
+    reason: RefusalReason,
+    body: Bytes,
+    retry_after: HeaderValue,
+    pushback_ms: HeaderValue,
+    message: HeaderValue,
+}
+
+impl Rendered {
+    pub(crate) fn new(refusal: &Refusal) -> Rendered {
+        let value = |text: String| {
+            HeaderValue::from_maybe_shared(Bytes::from(text))
+                .unwrap_or(HeaderValue::from_static("1"))
+        };
+        let pushback_ms = u64::try_from(refusal.retry_after.as_millis()).unwrap_or(u64::MAX);
+        Rendered {
+            reason: refusal.reason,
+            body: refusal.body(),
+            retry_after: value(wire::format_retry_after(refusal.retry_after)),
+            pushback_ms: value(pushback_ms.to_string()),
+            message: value(format!(
+                "shed: {} ({})",
+                refusal.reason.as_str(),
+                refusal.tier.as_str()
+            )),
+        }
+    }
+
+    pub(crate) fn http(&self) -> Response<Full<Bytes>> {
+        let mut response = Response::new(Full::new(self.body.clone()));
+        *response.status_mut() = self.reason.status();
+        let headers = response.headers_mut();
+        headers.insert(names::RETRY_AFTER, self.retry_after.clone());
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            names::REASON,
+            HeaderValue::from_static(self.reason.as_str()),
+        );
+        response
+    }
+
+    pub(crate) fn grpc(&self) -> Response<Full<Bytes>> {
         let mut response = Response::new(Full::new(Bytes::new()));
         let headers = response.headers_mut();
         headers.insert(
@@ -196,16 +238,16 @@ impl Refusal {
             HeaderValue::from_static("application/grpc"),
         );
         headers.insert(
-            wire::GRPC_STATUS,
-            HeaderValue::from(u16::from(self.reason.grpc_code())),
+            names::GRPC_STATUS,
+            HeaderValue::from_static(match self.reason.grpc_code() {
+                14 => "14",
+                8 => "8",
+                _ => "4",
+            }),
         );
-        let message = format!("shed: {} ({})", self.reason.as_str(), self.tier.as_str());
-        if let Ok(v) = HeaderValue::from_str(&message) {
-            headers.insert(wire::GRPC_MESSAGE, v);
-        }
-        let pushback_ms = u64::try_from(self.retry_after.as_millis()).unwrap_or(u64::MAX);
-        headers.insert(wire::GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(pushback_ms));
-        headers.insert(wire::RETRY_AFTER, self.retry_after_value());
+        headers.insert(names::GRPC_MESSAGE, self.message.clone());
+        headers.insert(names::GRPC_RETRY_PUSHBACK_MS, self.pushback_ms.clone());
+        headers.insert(names::RETRY_AFTER, self.retry_after.clone());
         response
     }
 }
@@ -254,6 +296,8 @@ mod tests {
             assert_eq!(r.headers()[wire::GRPC_RETRY_PUSHBACK_MS], "2000");
             assert_eq!(r.headers()[wire::RETRY_AFTER], "2");
             assert_eq!(r.headers()["content-type"], "application/grpc");
+            let h = Refusal::new(reason, t, s).http_response();
+            assert_eq!(h.headers()[wire::REASON], reason.as_str());
         }
     }
 

@@ -158,7 +158,7 @@ impl<B: Clone, R, E> Policy<Request<B>, Response<R>, E> for RetryAfterPolicy {
             .backoff(self.attempt)
             .max(asked.unwrap_or_default());
         req.headers_mut()
-            .insert(wire::ATTEMPT, HeaderValue::from(self.attempt));
+            .insert(crate::names::ATTEMPT, HeaderValue::from(self.attempt));
         Some(tokio::time::sleep(wait))
     }
 

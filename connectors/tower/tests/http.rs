@@ -167,6 +167,7 @@ fn refusal(status: StatusCode, headers: &http::HeaderMap, body: &[u8], least: u6
         least + JITTER_S
     );
     assert_eq!(r.retry_after.as_secs(), secs, "body and header agree");
+    assert_eq!(headers[wire::REASON], r.reason.as_str());
     r
 }
 
