@@ -190,6 +190,10 @@ impl EntryAdmission {
         tier: Criticality,
         deadline: Option<Instant>,
     ) -> Result<oneshot::Receiver<Grant>, RefusalReason> {
+        // Queue-age admission is one atomic load: refuse before allocating the channel.
+        if !self.inner.queue.admits(tier) {
+            return Err(RefusalReason::Capacity);
+        }
         let (tx, rx) = oneshot::channel();
         let meta = Meta::new(tier).deadline_opt(deadline);
         match self.inner.queue.push(Waiter { tx }, meta) {
