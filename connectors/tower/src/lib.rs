@@ -6,7 +6,8 @@
 //!
 //! - [`TriageLayer`]: classification ([`Classifier`]: a trusted header, a closure, a route
 //!   table), deadlines (`triage-deadline-ms`, `grpc-timeout`, or the tier's window), gates
-//!   ([`Gate`]: token buckets, circuit breakers), and admission ([`EntryAdmission`]: a
+//!   ([`Gate`]; the core's token buckets as [`RateGate`], its circuit breakers as
+//!   [`CircuitGate`]), and admission ([`EntryAdmission`]: a
 //!   bounded weighted-fair queue in front of a [`ConcurrencyLimit`](triage::limit::ConcurrencyLimit)
 //!   that a worker [`Runtime`](triage::runtime::Runtime) in the same process can share, so
 //!   HTTP and background work draw on one capacity).
@@ -61,6 +62,7 @@ mod classify;
 mod config;
 mod entry;
 mod gate;
+mod gates;
 mod layer;
 pub mod metrics;
 mod names;
@@ -73,6 +75,7 @@ pub use classify::Classifier;
 pub use config::{ReappearanceConfig, RetryAfter, TriageConfig};
 pub use entry::EntryAdmission;
 pub use gate::{Gate, GateRefusal};
+pub use gates::{CircuitGate, RateGate};
 pub use layer::{LayerStats, TriageLayer, TriageLayerBuilder};
 pub use reappearance::{Reappearance, ReappearanceStats};
 pub use refusal::{Refusal, RefusalReason};

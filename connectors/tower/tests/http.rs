@@ -424,3 +424,83 @@ fn public_types_are_send_and_sync() {
     both::<TriageConfig>();
     both::<triage_tower::LayerStats>();
 }
+
+/// The core's token buckets and the runtime's circuit breakers, through the real listener:
+/// 429 with the bucket's refill time, 503 with the circuit's recovery time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cores_buckets_and_the_runtimes_breakers_as_gates() {
+    use triage::admission::{BreakerConfig, BucketConfig, BucketsConfig};
+    use triage::runtime::{HandlerError, Job, Runtime, RuntimeConfig};
+    use triage_tower::{CircuitGate, RateGate};
+
+    let runtime = Runtime::builder(RuntimeConfig {
+        breaker: BreakerConfig {
+            min_calls: 2,
+            recovery_ms: 45_000,
+            ..Default::default()
+        },
+        ..RuntimeConfig::default()
+    })
+    .start(|_job: Job<u32>| async { Ok::<(), HandlerError>(()) })
+    .unwrap();
+    let breakers = runtime.breakers();
+    let buckets = BucketsConfig::default().with(
+        Criticality::Sheddable,
+        Some(BucketConfig::per_second(0.25).burst(1)),
+    );
+    let mut config = TriageConfig::default();
+    config.retry_after_jitter = Duration::from_secs(JITTER_S);
+    let layer = TriageLayer::builder(config, runtime.concurrency_limit())
+        .classifier(
+            Classifier::new()
+                .route("/feed", Criticality::Sheddable)
+                .route("/pay", Criticality::Critical),
+        )
+        .gate(RateGate::new(&buckets).unwrap())
+        .gate(CircuitGate::new(std::sync::Arc::clone(&breakers), |head| {
+            head.uri.path().starts_with("/pay").then_some("payments")
+        }))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/feed", get(|| async { "feed" }))
+        .route("/pay", get(|| async { "paid" }))
+        .layer(layer.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let c = client();
+
+    // The bucket holds one token: the second Sheddable request is over its rate.
+    assert_eq!(send(&c, get_req(addr, "/feed")).await.0, StatusCode::OK);
+    let (status, headers, body) = send(&c, get_req(addr, "/feed")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    // One token every 4 s.
+    let r = refusal(status, &headers, &body, 4);
+    assert_eq!(
+        (r.reason, r.tier),
+        (RefusalReason::Rate, Criticality::Sheddable)
+    );
+
+    // The downstream fails (reported by background handlers, or here directly): open.
+    assert_eq!(send(&c, get_req(addr, "/pay")).await.0, StatusCode::OK);
+    breakers.record_failure("payments");
+    breakers.record_failure("payments");
+    let (status, headers, body) = send(&c, get_req(addr, "/pay")).await;
+    let r = refusal(status, &headers, &body, 45);
+    assert_eq!(
+        (r.reason, r.tier),
+        (RefusalReason::Circuit, Criticality::Critical)
+    );
+    let stats = layer.stats();
+    assert_eq!(
+        stats.refused(Criticality::Sheddable, RefusalReason::Rate),
+        1
+    );
+    assert_eq!(
+        stats.refused(Criticality::Critical, RefusalReason::Circuit),
+        1
+    );
+    assert_eq!(stats.served[Criticality::Critical], 1);
+    runtime.shutdown(Duration::from_secs(5)).await;
+}

@@ -1,0 +1,182 @@
+//! The core's token buckets and circuit breakers as [`Gate`]s: 429 for a tier over its rate,
+//! 503 with the circuit's longer `Retry-After` for a request bound to a failing downstream.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use triage::admission::{Breakers, BucketsConfig, CircuitState, TierBuckets};
+use triage::quanta::Clock;
+use triage::{ConfigError, Criticality, PerTier};
+
+use crate::{Gate, GateRefusal};
+
+/// Per-tier token buckets with borrowing ([`TierBuckets`], seed 003) in front of the entry: a
+/// request of a tier whose bucket (and its lenders') is empty is answered 429, with a
+/// `Retry-After` of the time one token takes to refill (at least the configured rate wait).
+///
+/// The buckets are this gate's own: requests are metered apart from the worker runtime's
+/// messages (its buckets are not shared outside it).
+///
+/// # Examples
+///
+/// ```
+/// use triage::admission::{BucketConfig, BucketsConfig};
+/// use triage::Criticality;
+/// use triage_tower::{Gate, RateGate, RefusalReason};
+///
+/// let config = BucketsConfig::default()
+///     .with(Criticality::Sheddable, Some(BucketConfig::per_second(0.5).burst(1)));
+/// let gate = RateGate::new(&config)?;
+/// let (head, ()) = http::Request::get("/").body(()).unwrap().into_parts();
+/// assert!(gate.check(Criticality::Sheddable, &head).is_ok());
+/// let refused = gate.check(Criticality::Sheddable, &head).unwrap_err();
+/// assert_eq!(refused.reason, RefusalReason::Rate);
+/// assert_eq!(refused.retry_after, Some(std::time::Duration::from_secs(2)));
+/// assert!(gate.check(Criticality::High, &head).is_ok(), "High has no bucket");
+/// # Ok::<(), triage::ConfigError>(())
+/// ```
+pub struct RateGate {
+    buckets: TierBuckets,
+    /// The time one token takes to refill, per tier with a bucket.
+    refill: PerTier<Option<Duration>>,
+}
+
+impl fmt::Debug for RateGate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateGate")
+            .field("buckets", &self.buckets)
+            .field("refill", &self.refill)
+            .finish()
+    }
+}
+
+impl RateGate {
+    /// Buckets from `config`, full, on the system clock.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field when `config` is out of range.
+    pub fn new(config: &BucketsConfig) -> Result<Self, ConfigError> {
+        Self::with_clock(config, Clock::new())
+    }
+
+    /// As [`new`](Self::new), reading time from `clock`.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new).
+    pub fn with_clock(config: &BucketsConfig, clock: Clock) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(RateGate {
+            buckets: TierBuckets::new(config, clock),
+            refill: PerTier::from_fn(|t| {
+                config
+                    .rate(t)
+                    .filter(|r| *r > 0.0)
+                    .map(|r| Duration::from_secs_f64(1.0 / r))
+            }),
+        })
+    }
+
+    /// The buckets (fill ratios, tokens).
+    pub fn buckets(&self) -> &TierBuckets {
+        &self.buckets
+    }
+}
+
+impl Gate for RateGate {
+    fn check(&self, tier: Criticality, _head: &Parts) -> Result<(), GateRefusal> {
+        match self.buckets.try_acquire(tier) {
+            Some(_) => Ok(()),
+            None => Err(GateRefusal::rate(self.refill[tier])),
+        }
+    }
+}
+
+type KeyOf = Arc<dyn Fn(&Parts) -> Option<&str> + Send + Sync>;
+
+/// Circuit-breaker-aware admission at the entry: a request mapped to a downstream key (by the
+/// route, say) whose circuit is open is answered 503 with the circuit's `Retry-After` (its
+/// `recovery_ms`, at least the configured circuit wait: 30 s by default) instead of waiting
+/// for a slot only to fail.
+///
+/// Share the runtime's breakers ([`Runtime::breakers`](triage::runtime::Runtime::breakers))
+/// and a downstream failing the background work also sheds the requests that need it; the
+/// runtime's handlers feed them (`HandlerError::downstream`), and so can request handlers
+/// ([`Breakers::record_failure`]). This gate only reads them.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use triage::admission::{BreakerConfig, Breakers};
+/// use triage::Criticality;
+/// use triage_tower::{CircuitGate, Gate, RefusalReason};
+///
+/// let config = BreakerConfig { min_calls: 2, recovery_ms: 45_000, ..Default::default() };
+/// let breakers = Arc::new(Breakers::new(config)?);
+/// let gate = CircuitGate::new(Arc::clone(&breakers), |head: &http::request::Parts| {
+///     head.uri.path().starts_with("/pay").then_some("payments")
+/// });
+/// let (pay, ()) = http::Request::get("/pay/17").body(()).unwrap().into_parts();
+/// assert!(gate.check(Criticality::Critical, &pay).is_ok());
+/// breakers.record_failure("payments");
+/// breakers.record_failure("payments");
+/// let refused = gate.check(Criticality::Critical, &pay).unwrap_err();
+/// assert_eq!(refused.reason, RefusalReason::Circuit);
+/// assert_eq!(refused.retry_after, Some(std::time::Duration::from_secs(45)));
+/// let (other, ()) = http::Request::get("/search").body(()).unwrap().into_parts();
+/// assert!(gate.check(Criticality::Critical, &other).is_ok());
+/// # Ok::<(), triage::ConfigError>(())
+/// ```
+pub struct CircuitGate {
+    breakers: Arc<Breakers>,
+    key_of: KeyOf,
+}
+
+impl fmt::Debug for CircuitGate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CircuitGate")
+            .field("breakers", &self.breakers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CircuitGate {
+    /// Refuses requests whose downstream key (`key_of`; `None`: no downstream) has an open
+    /// circuit in `breakers`.
+    pub fn new(
+        breakers: Arc<Breakers>,
+        key_of: impl Fn(&Parts) -> Option<&str> + Send + Sync + 'static,
+    ) -> Self {
+        CircuitGate {
+            breakers,
+            key_of: Arc::new(key_of),
+        }
+    }
+}
+
+impl Gate for CircuitGate {
+    fn check(&self, _tier: Criticality, head: &Parts) -> Result<(), GateRefusal> {
+        if !self.breakers.enabled() {
+            return Ok(());
+        }
+        let Some(key) = (self.key_of)(head) else {
+            return Ok(());
+        };
+        // Only a key already tracked can be open: no key is registered for a mere check, and
+        // a closed circuit costs one map lookup.
+        match self.breakers.state(key) {
+            None | Some(CircuitState::Closed) => Ok(()),
+            Some(_) => match self.breakers.breaker(key) {
+                Some(b) if !self.breakers.admits(&b) => {
+                    let recovery = Duration::from_millis(self.breakers.config().recovery_ms);
+                    Err(GateRefusal::circuit(Some(recovery)))
+                }
+                _ => Ok(()),
+            },
+        }
+    }
+}
