@@ -40,6 +40,12 @@ pub const ATTEMPT: &str = "triage-attempt";
 pub const DEFERRALS: &str = "triage-deferrals";
 /// Absolute deadline, decimal Unix milliseconds (absent without a deadline).
 pub const DEADLINE_MS: &str = "triage-deadline-ms";
+/// The downstream a message is bound for, for circuit-breaker-aware admission: a convention
+/// for producers that know it, read by a mapping such as
+/// `|m: &KafkaMessage| m.header_str(wire::DOWNSTREAM)` given to
+/// [`RuntimeBuilder::downstream`](crate::runtime::RuntimeBuilder::downstream). Triage never
+/// writes it (not in [`ALL`]), and a re-published copy keeps it as it was.
+pub const DOWNSTREAM: &str = "triage-downstream";
 /// Why the copy was re-published (`overloaded`, `full`, `evicted`, `shutdown`, `failed`, ...);
 /// on an HTTP or gRPC refusal by `triage-tower`, why it was refused (`capacity`, `expired`,
 /// `rate`, `circuit`).
@@ -201,6 +207,86 @@ pub fn format_retry_after(wait: Duration) -> String {
     let wait = wait.min(MAX_RETRY_AFTER);
     let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
     secs.max(1).to_string()
+}
+
+/// A header value triage writes for the next hop, formatted without allocating: a
+/// criticality label ([`criticality_value`]) or decimal Unix milliseconds
+/// ([`deadline_value`]). ASCII, at most 20 bytes.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::{Duration, UNIX_EPOCH};
+/// use triage::{wire, Criticality};
+///
+/// assert_eq!(wire::criticality_value(Criticality::High).as_str(), "high");
+/// let at = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+/// assert_eq!(wire::deadline_value(at).as_bytes(), b"1700000000123");
+/// assert_eq!(wire::parse_deadline_ms(wire::deadline_value(at).as_bytes()), Some(at));
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HeaderValue {
+    buf: [u8; 20],
+    len: u8,
+}
+
+impl HeaderValue {
+    fn from_ascii(text: &[u8]) -> Self {
+        let mut buf = [0u8; 20];
+        let len = text.len().min(buf.len());
+        buf[..len].copy_from_slice(&text[..len]);
+        HeaderValue {
+            buf,
+            len: len as u8,
+        }
+    }
+
+    /// The value's bytes, as written on the wire.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..usize::from(self.len)]
+    }
+
+    /// The value as text (always ASCII).
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for HeaderValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::fmt::Display for HeaderValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The [`CRITICALITY`] value of `criticality` (its lowercase label).
+pub fn criticality_value(criticality: Criticality) -> HeaderValue {
+    HeaderValue::from_ascii(criticality.as_str().as_bytes())
+}
+
+/// The [`DEADLINE_MS`] value of a wall-clock deadline: decimal Unix milliseconds, `0` for a
+/// time before the epoch (already expired). The same text as [`format_deadline_ms`].
+pub fn deadline_value(deadline: SystemTime) -> HeaderValue {
+    let mut ms = deadline
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0);
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (ms % 10) as u8;
+        ms /= 10;
+        if ms == 0 {
+            break;
+        }
+    }
+    HeaderValue::from_ascii(&digits[i..])
 }
 
 /// `text` cut to at most [`MAX_ERROR_BYTES`] bytes on a UTF-8 character boundary, for the

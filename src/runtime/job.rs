@@ -3,10 +3,11 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use quanta::{Clock, Instant};
 
+use crate::runtime::Propagation;
 use crate::Criticality;
 
 /// How loaded the runtime is, for handlers that degrade instead of being shed (brownout).
@@ -132,6 +133,26 @@ impl<T> Job<T> {
     pub fn remaining(&self) -> Option<Duration> {
         self.deadline
             .map(|d| d.saturating_duration_since(self.clock.now()))
+    }
+
+    /// What to stamp on the messages this handler publishes for the next hop: the job's
+    /// criticality (the tier it is served at, so a retry's follow-up work is demoted with it)
+    /// and its absolute deadline on the wall clock (the budget left, passed down rather than a
+    /// fresh one). Lower it with [`Propagation::lower_to`]; it cannot be raised. See
+    /// `triage_kafka::stamp` and `triage_amqp::stamp` for the broker headers.
+    pub fn propagation(&self) -> Propagation {
+        let deadline = self.deadline.map(|d| {
+            // The monotonic deadline, moved onto the wall clock the next hop reads.
+            let now = self.clock.now();
+            let wall = SystemTime::now();
+            if d >= now {
+                wall + d.saturating_duration_since(now)
+            } else {
+                wall.checked_sub(now.saturating_duration_since(d))
+                    .unwrap_or(wall)
+            }
+        });
+        Propagation::new(self.criticality, deadline)
     }
 
     /// How long it waited in the queue before this attempt started.

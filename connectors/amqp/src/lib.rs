@@ -6,6 +6,8 @@
 //! - [`AmqpDeferSink`]: re-publishes deferred or dead-lettered messages to a durable queue
 //!   with publisher confirms; `Ok` only once the broker confirmed.
 //! - [`metrics`]: every metric recorded, under `triage_amqp_`.
+//! - [`stamp`] and [`stamped`]: a handler's follow-up messages carry its criticality and
+//!   deadline to the next hop ([`Job::propagation`](triage::runtime::Job::propagation)).
 //!
 //! Delivery is at-least-once: a delivery whose settlement did not reach the broker (crash,
 //! lost connection) is redelivered with the `redelivered` flag, so handlers must be
@@ -18,6 +20,7 @@ mod connection;
 mod error;
 mod message;
 pub mod metrics;
+mod propagate;
 mod sink;
 mod source;
 
@@ -25,6 +28,7 @@ pub use connection::ReconnectConfig;
 pub use error::AmqpError;
 pub use message::AmqpMessage;
 pub use metrics::AmqpSourceStats;
+pub use propagate::{stamp, stamped};
 pub use sink::{AmqpDeferSink, AmqpSinkConfig};
 pub use source::{
     AmqpSource, AmqpSourceConfig, AmqpStatsHandle, ClassifyConfig, DeadlineConfig, PriorityMapping,

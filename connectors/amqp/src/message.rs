@@ -99,6 +99,17 @@ impl AmqpMessage {
         self.headers()?.inner().get(name)
     }
 
+    /// One header's value as text, if it is a short or long string in UTF-8: for a downstream
+    /// key (`.downstream(|m: &AmqpMessage| m.header_str(triage::wire::DOWNSTREAM))` on the
+    /// runtime's builder). Borrowed, never allocated.
+    pub fn header_str(&self, name: &str) -> Option<&str> {
+        match self.header(name)? {
+            AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok(),
+            AMQPValue::ShortString(s) => Some(s.as_str()),
+            _ => None,
+        }
+    }
+
     /// The `message_id` property, if set.
     pub fn message_id(&self) -> Option<&str> {
         self.properties.message_id().as_ref().map(|s| s.as_str())

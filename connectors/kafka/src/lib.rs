@@ -11,6 +11,8 @@
 //!   and the source reads are the core's wire contract, [`triage::wire`].
 //! - [`drain`]: the defer topic consumed back as a source; each copy keeps its tier.
 //! - [`metrics`]: every metric this crate records (names under `triage_kafka_`).
+//! - [`stamp`]: a handler's follow-up records carry its criticality and deadline to the next
+//!   hop ([`Job::propagation`](triage::runtime::Job::propagation)).
 //!
 //! ## Layouts
 //!
@@ -44,11 +46,13 @@ pub mod drain;
 mod error;
 mod message;
 pub mod metrics;
+mod propagate;
 pub mod sink;
 pub mod source;
 
 pub use error::Error;
 pub use message::KafkaMessage;
+pub use propagate::stamp;
 pub use sink::{KafkaDeferSink, KafkaSinkConfig, REFERENCE_PAYLOAD_BYTES};
 pub use source::{KafkaSource, KafkaSourceBuilder, KafkaSourceConfig};
 

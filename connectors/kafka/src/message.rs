@@ -50,6 +50,13 @@ impl KafkaMessage {
             .and_then(|(_, v)| v.as_deref())
     }
 
+    /// Value of the first header named `name` with a non-null value, if it is UTF-8: for a
+    /// downstream key (`.downstream(|m: &KafkaMessage| m.header_str(triage::wire::DOWNSTREAM))`
+    /// on the runtime's builder). Borrowed, never allocated.
+    pub fn header_str(&self, name: &str) -> Option<&str> {
+        self.header(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+
     /// Bytes of key, payload and header names and values: what the queue's byte budget
     /// counts, and roughly what re-publishing it costs.
     pub fn size_bytes(&self) -> usize {
