@@ -263,12 +263,14 @@ async fn capacity_eviction_expiry_and_health_at_full_load() {
         async move { send(&c, get_req(addr, "/work").header("x-tag", "hold")).await }
     });
     until(|| s.layer.admission().limit().in_flight() == 1).await;
-    let deadline = SystemTime::now() + Duration::from_millis(150);
+    // The header carries whole milliseconds: the deadline the service sees is this one.
+    let header = wire::format_deadline_ms(SystemTime::now() + Duration::from_millis(150));
+    let deadline = wire::parse_deadline_ms(header.as_bytes()).unwrap();
     let (status, headers, body) = send(
         &c,
         get_req(s.addr, "/work")
             .header("x-tag", "late")
-            .header(wire::DEADLINE_MS, wire::format_deadline_ms(deadline)),
+            .header(wire::DEADLINE_MS, header),
     )
     .await;
     let r = refusal(status, &headers, &body, 1);
@@ -423,6 +425,9 @@ fn public_types_are_send_and_sync() {
     both::<Refusal>();
     both::<TriageConfig>();
     both::<triage_tower::LayerStats>();
+    both::<triage_tower::RateGate>();
+    both::<triage_tower::CircuitGate>();
+    both::<triage_tower::ReappearanceStats>();
 }
 
 /// The core's token buckets and the runtime's circuit breakers, through the real listener:
