@@ -338,6 +338,11 @@ async fn forced_shed_level_refuses_the_bottom_tiers_and_brownout_reaches_the_job
     assert_eq!(acks.shed, 200, "{acks:?}");
     let stats = rt.stats();
     assert_eq!(stats.refused, PerTier::new(0, 0, 100, 100));
+    // A capacity decision (the operator says capacity is short), under reason `forced`.
+    let decisions = rt.decisions();
+    assert_eq!(decisions.medium.shed_capacity, 100);
+    assert_eq!(decisions.sheddable.shed_capacity, 100);
+    assert_eq!(decisions.high.admitted, 100);
     let served = gated.served.lock().clone();
     assert!(served
         .iter()

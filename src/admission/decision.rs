@@ -76,7 +76,8 @@ impl std::fmt::Display for Decision {
 pub struct DecisionCounts {
     /// Messages queued at their first decision.
     pub admitted: u64,
-    /// Refused for capacity (shed level, queue age, full queue).
+    /// Refused for capacity (shed level, queue age, full queue, the operator's forced shed
+    /// level).
     pub shed_capacity: u64,
     /// Refused by the token buckets.
     pub shed_rate: u64,

@@ -244,7 +244,7 @@ pub struct RuntimeConfig {
     pub poll_interval_ms: u64,
     /// The operator's shed switch (seed 002: "pre-define these degraded modes and make them one
     /// switch"): refuse this many tiers from the bottom of the ladder whatever the signals say,
-    /// each refused message going to its tier's refusal policy (reason `overloaded`). `0`
+    /// each refused message going to its tier's refusal policy (reason `forced`). `0`
     /// sheds nothing by force, `1` refuses Sheddable, `2` Sheddable and Medium, `3` everything
     /// but Critical. Critical is never refused by force: to stop everything, stop the
     /// consumer. Applies to pulled and pushed (`try_submit`) work alike, and to drains (which

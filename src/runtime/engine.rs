@@ -19,7 +19,7 @@ use crate::limit::ConcurrencyLimit;
 use crate::ordering::{Arrival, KeyGate};
 use crate::queue::{Dequeued, Meta, RefuseReason, Removed, TierMask, TryPopError, WfqQueue};
 use crate::runtime::item::{Accounts, Item};
-use crate::runtime::metrics::{decision_of, reason_index, CIRCUIT, EVICTED, MEMORY, RATE};
+use crate::runtime::metrics::{decision_of, reason_index, CIRCUIT, EVICTED, FORCED, MEMORY, RATE};
 use crate::runtime::{
     DeadLetterSink, DeferReason, DeferSink, HandlerError, Job, LoadLevel, RefusalPolicy, Republish,
     RuntimeConfig,
@@ -319,13 +319,15 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 return self.refused_circuit(item, started);
             }
         }
+        // The operator's forced level refuses whatever the signals say (seed 002: one switch).
+        if !admits_at(self.live.forced_level(), tier) {
+            return self.refused_as(item, FORCED, DeferReason::Forced, started);
+        }
         // A shed tier is refused only while the workers have enough queued to do: refusal makes
         // room for more important work, and idle workers next to held work make none.
-        // The operator's forced level refuses whatever the signals say (seed 002: one switch).
-        if !admits_at(self.live.forced_level(), tier)
-            || (!item.pushed
-                && !admits_at(self.shed_level.load(Ordering::Relaxed), tier)
-                && self.queue.len() >= self.prefetch())
+        if !item.pushed
+            && !admits_at(self.shed_level.load(Ordering::Relaxed), tier)
+            && self.queue.len() >= self.prefetch()
         {
             return self.refused(item, RefuseReason::Overloaded, started);
         }

@@ -11,7 +11,7 @@
 //! |---|---|---|---|
 //! | `triage_consumed_total` | counter | tier | messages taken from sources |
 //! | `triage_admitted_total` | counter | tier | messages accepted into the queue |
-//! | `triage_refused_total` | counter | tier, reason | admission decisions against a message: `overloaded`, `full`, `too_large`, `evicted`, `circuit` (its downstream's circuit open), `rate` (token bucket empty), `memory` (memory budget) |
+//! | `triage_refused_total` | counter | tier, reason | admission decisions against a message: `overloaded`, `full`, `too_large`, `evicted`, `circuit` (its downstream's circuit open), `rate` (token bucket empty), `memory` (memory budget), `forced` (the operator's `forced_shed_level`) |
 //! | `triage_admission_decisions_total` | counter | tier, decision | each consumed message's first admission decision: `admitted`, `shed-capacity`, `shed-rate`, `shed-circuit`, `shed-expired`, `shed-memory`; they add up to the messages consumed |
 //! | `triage_shed_total` | counter | tier, reason | messages ending `Shed` (acknowledged, dropped by policy) |
 //! | `triage_deferred_total` | counter | tier | messages ending `Deferred` (broker confirmed) |
@@ -139,7 +139,7 @@ pub(crate) const ADMITTED: Def = counter_def(
 );
 pub(crate) const REFUSED: Def = counter_def(
     "triage_refused_total",
-    "Admission decisions against a message, by tier and reason (overloaded, full, too_large, evicted, circuit, rate, memory); a held message refused again counts again.",
+    "Admission decisions against a message, by tier and reason (overloaded, full, too_large, evicted, circuit, rate, memory, forced); a held message refused again counts again.",
 );
 pub(crate) const DECISIONS: Def = counter_def(
     "triage_admission_decisions_total",
@@ -424,7 +424,7 @@ pub(crate) fn describe() {
 }
 
 /// `reason` label values of `triage_refused_total` and `triage_shed_total`.
-pub(crate) const REASONS: [&str; 7] = [
+pub(crate) const REASONS: [&str; 8] = [
     "overloaded",
     "full",
     "too_large",
@@ -432,6 +432,7 @@ pub(crate) const REASONS: [&str; 7] = [
     "circuit",
     "rate",
     "memory",
+    "forced",
 ];
 
 pub(crate) fn reason_index(reason: RefuseReason) -> usize {
@@ -453,6 +454,11 @@ pub(crate) const RATE: usize = 5;
 
 /// Refused because the bytes held passed the tier's share of the memory budget.
 pub(crate) const MEMORY: usize = 6;
+
+/// Refused by the operator's forced shed level (`forced_shed_level`), whatever the signals:
+/// counted as a capacity decision (the operator says capacity is short), under a reason of its
+/// own so that a forced refusal is told from one of the signals'.
+pub(crate) const FORCED: usize = 7;
 
 /// Whether a refusal for `reason` refuses a bottom prefix of the ladder (every tier below a
 /// refused one would be refused too), so an intake may hold lower tiers at once behind it.

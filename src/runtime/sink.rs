@@ -26,6 +26,9 @@ pub enum DeferReason {
     Rate,
     /// The bytes held passed its tier's share of the memory budget.
     Memory,
+    /// The operator's forced shed level refused its tier
+    /// ([`RuntimeConfig::forced_shed_level`](crate::runtime::RuntimeConfig::forced_shed_level)).
+    Forced,
 }
 
 impl DeferReason {
@@ -39,6 +42,7 @@ impl DeferReason {
             DeferReason::Circuit => "circuit",
             DeferReason::Rate => "rate",
             DeferReason::Memory => "memory",
+            DeferReason::Forced => "forced",
         }
     }
 }
