@@ -33,7 +33,7 @@ pub fn stamp(headers: &mut FieldTable, propagation: &Propagation) {
 /// async fn stage(job: Job<AmqpMessage>, channel: &Channel) -> Result<(), HandlerError> {
 ///     let props = triage_amqp::stamped(BasicProperties::default(), &job.propagation());
 ///     channel
-///         .basic_publish("".into(), "orders.enriched".into(), BasicPublishOptions::default(), job.payload().body(), props)
+///         .basic_publish("", "orders.enriched", BasicPublishOptions::default(), job.payload().body(), props)
 ///         .await
 ///         .map(drop)
 ///         .map_err(|e| HandlerError::downstream("rabbitmq", e))
