@@ -135,7 +135,8 @@ async fn stamped_criticality_and_deadline_are_honoured_by_the_next_stage() {
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // Stage two: trusts the output topic; records its handler calls.
-    let calls: Arc<Mutex<BTreeMap<u32, (Criticality, Option<Vec<u8>>)>>> = Arc::default();
+    type Calls = BTreeMap<u32, (Criticality, Option<Vec<u8>>)>;
+    let calls: Arc<Mutex<Calls>> = Arc::default();
     let seen = Arc::clone(&calls);
     let mut stage_two = Runtime::builder(RuntimeConfig::default())
         .start(move |job: Job<KafkaMessage>| {
