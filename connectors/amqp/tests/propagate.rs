@@ -202,6 +202,7 @@ async fn stamped_criticality_and_deadline_are_honoured_by_the_next_stage() {
             }
         }
     }
+    drop(calls);
     for tier in Criticality::ALL {
         let stamped = (0..N).filter(|&id| tier_out(id) == tier).count() as u64;
         assert_eq!(two.ledger.tier(tier).consumed, stamped, "{tier}");
