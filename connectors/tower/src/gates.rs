@@ -180,3 +180,165 @@ impl Gate for CircuitGate {
         }
     }
 }
+
+/// Feeds a [`CircuitGate`]'s breakers from the answers of the requests it lets through: a
+/// 5xx answer (or an error of the inner service) is a failure of the request's downstream,
+/// anything else a success; a request with no downstream key records nothing. Put it inside
+/// the [`TriageLayer`](crate::TriageLayer), around the handlers, so that only admitted
+/// requests are counted (a refusal by the layer says nothing about the downstream). Made by
+/// [`CircuitGate::feedback`].
+#[derive(Clone)]
+pub struct CircuitFeedbackLayer {
+    breakers: Arc<Breakers>,
+    key_of: KeyOf,
+}
+
+impl fmt::Debug for CircuitFeedbackLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CircuitFeedbackLayer")
+            .finish_non_exhaustive()
+    }
+}
+
+impl CircuitGate {
+    /// The layer that reports the answers of admitted requests to these breakers, with the
+    /// same downstream keys.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::sync::Arc;
+    /// use http::{Request, Response, StatusCode};
+    /// use tower::{service_fn, Layer, ServiceExt};
+    /// use triage::admission::{BreakerConfig, Breakers, CircuitState};
+    /// use triage_tower::CircuitGate;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let config = BreakerConfig { min_calls: 2, ..Default::default() };
+    /// let breakers = Arc::new(Breakers::new(config)?);
+    /// let gate = CircuitGate::new(Arc::clone(&breakers), |_head: &http::request::Parts| Some("payments"));
+    /// let failing = gate.feedback().layer(service_fn(|_req: Request<()>| async {
+    ///     let mut res = Response::new(());
+    ///     *res.status_mut() = StatusCode::BAD_GATEWAY;
+    ///     Ok::<_, Infallible>(res)
+    /// }));
+    /// for _ in 0..2 {
+    ///     failing.clone().oneshot(Request::new(())).await?;
+    /// }
+    /// assert_eq!(breakers.state("payments"), Some(CircuitState::Open));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn feedback(&self) -> CircuitFeedbackLayer {
+        CircuitFeedbackLayer {
+            breakers: Arc::clone(&self.breakers),
+            key_of: Arc::clone(&self.key_of),
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for CircuitFeedbackLayer {
+    type Service = CircuitFeedback<S>;
+
+    fn layer(&self, inner: S) -> CircuitFeedback<S> {
+        CircuitFeedback {
+            inner,
+            breakers: Arc::clone(&self.breakers),
+            key_of: Arc::clone(&self.key_of),
+        }
+    }
+}
+
+/// The service of a [`CircuitFeedbackLayer`].
+#[derive(Clone)]
+pub struct CircuitFeedback<S> {
+    inner: S,
+    breakers: Arc<Breakers>,
+    key_of: KeyOf,
+}
+
+impl<S> fmt::Debug for CircuitFeedback<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CircuitFeedback").finish_non_exhaustive()
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of a [`CircuitFeedback`] service.
+    pub struct CircuitFeedbackFuture<F> {
+        #[pin]
+        inner: F,
+        call: Option<(Arc<Breakers>, triage::admission::Call)>,
+    }
+}
+
+impl<F> fmt::Debug for CircuitFeedbackFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CircuitFeedbackFuture")
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F, B, E> std::future::Future for CircuitFeedbackFuture<F>
+where
+    F: std::future::Future<Output = Result<http::Response<B>, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        let out = std::task::ready!(this.inner.poll(cx));
+        if let Some((breakers, call)) = this.call.take() {
+            let failed = match &out {
+                Ok(response) => response.status().is_server_error(),
+                Err(_) => true,
+            };
+            let outcome = if failed {
+                triage::admission::Outcome::Failure
+            } else {
+                triage::admission::Outcome::Success
+            };
+            breakers.record(call, outcome);
+        }
+        std::task::Poll::Ready(out)
+    }
+}
+
+impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for CircuitFeedback<S>
+where
+    S: tower::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = CircuitFeedbackFuture<S::Future>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+        if !self.breakers.enabled() {
+            return CircuitFeedbackFuture {
+                inner: self.inner.call(request),
+                call: None,
+            };
+        }
+        let (head, body) = request.into_parts();
+        let call = (self.key_of)(&head)
+            .and_then(|key| self.breakers.breaker(key))
+            .and_then(|b| self.breakers.try_call(&b))
+            .map(|c| (Arc::clone(&self.breakers), c));
+        CircuitFeedbackFuture {
+            inner: self.inner.call(http::Request::from_parts(head, body)),
+            call,
+        }
+    }
+}

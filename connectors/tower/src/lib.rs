@@ -75,7 +75,9 @@ pub use classify::Classifier;
 pub use config::{ReappearanceConfig, RetryAfter, TriageConfig};
 pub use entry::EntryAdmission;
 pub use gate::{Gate, GateRefusal};
-pub use gates::{CircuitGate, RateGate};
+pub use gates::{
+    CircuitFeedback, CircuitFeedbackFuture, CircuitFeedbackLayer, CircuitGate, RateGate,
+};
 pub use layer::{LayerStats, TriageLayer, TriageLayerBuilder};
 pub use reappearance::{Reappearance, ReappearanceStats};
 pub use refusal::{Refusal, RefusalReason};

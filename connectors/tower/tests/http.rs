@@ -427,6 +427,7 @@ fn public_types_are_send_and_sync() {
     both::<triage_tower::LayerStats>();
     both::<triage_tower::RateGate>();
     both::<triage_tower::CircuitGate>();
+    both::<triage_tower::CircuitFeedbackLayer>();
     both::<triage_tower::ReappearanceStats>();
 }
 
@@ -455,21 +456,29 @@ async fn the_cores_buckets_and_the_runtimes_breakers_as_gates() {
     );
     let mut config = TriageConfig::default();
     config.retry_after_jitter = Duration::from_secs(JITTER_S);
-    let layer = TriageLayer::builder(config, runtime.concurrency_limit())
-        .classifier(
-            Classifier::new()
-                .route("/feed", Criticality::Sheddable)
-                .route("/pay", Criticality::Critical),
-        )
+    let layer_builder = TriageLayer::builder(config, runtime.concurrency_limit()).classifier(
+        Classifier::new()
+            .route("/feed", Criticality::Sheddable)
+            .route("/pay", Criticality::Critical),
+    );
+    let circuit = CircuitGate::new(std::sync::Arc::clone(&breakers), |head| {
+        head.uri.path().starts_with("/pay").then_some("payments")
+    });
+    // Admitted requests' answers feed the breakers: inside the triage layer.
+    let feedback = circuit.feedback();
+    let layer = layer_builder
         .gate(RateGate::new(&buckets).unwrap())
-        .gate(CircuitGate::new(std::sync::Arc::clone(&breakers), |head| {
-            head.uri.path().starts_with("/pay").then_some("payments")
-        }))
+        .gate(circuit)
         .build()
         .unwrap();
     let app = Router::new()
         .route("/feed", get(|| async { "feed" }))
         .route("/pay", get(|| async { "paid" }))
+        .route(
+            "/pay/down",
+            get(|| async { (StatusCode::BAD_GATEWAY, "payments down") }),
+        )
+        .layer(feedback)
         .layer(layer.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -487,10 +496,17 @@ async fn the_cores_buckets_and_the_runtimes_breakers_as_gates() {
         (RefusalReason::Rate, Criticality::Sheddable)
     );
 
-    // The downstream fails (reported by background handlers, or here directly): open.
+    // One success, then one 502: two calls (min_calls 2), half failed (failure_rate 0.5): the
+    // feedback layer opens the circuit.
     assert_eq!(send(&c, get_req(addr, "/pay")).await.0, StatusCode::OK);
-    breakers.record_failure("payments");
-    breakers.record_failure("payments");
+    assert_eq!(
+        send(&c, get_req(addr, "/pay/down")).await.0,
+        StatusCode::BAD_GATEWAY
+    );
+    assert_eq!(
+        breakers.state("payments"),
+        Some(triage::admission::CircuitState::Open)
+    );
     let (status, headers, body) = send(&c, get_req(addr, "/pay")).await;
     let r = refusal(status, &headers, &body, 45);
     assert_eq!(
@@ -506,6 +522,6 @@ async fn the_cores_buckets_and_the_runtimes_breakers_as_gates() {
         stats.refused(Criticality::Critical, RefusalReason::Circuit),
         1
     );
-    assert_eq!(stats.served[Criticality::Critical], 1);
+    assert_eq!(stats.served[Criticality::Critical], 2);
     runtime.shutdown(Duration::from_secs(5)).await;
 }
