@@ -759,10 +759,42 @@ impl<T> WfqQueue<T> {
         WaitRegistration::new(&self.waiters)
     }
 
-    /// A listener woken by the next push or by close. Hold a
+    /// The event a push or a close notifies: for a consumer's own listener (the
+    /// `event_listener::listener!` macro keeps it on the waiting task's stack). Hold a
     /// [`wait_registration`](Self::wait_registration) while using it.
-    pub(crate) fn listen(&self) -> event_listener::EventListener {
-        self.not_empty.listen()
+    pub(crate) fn not_empty(&self) -> &Event {
+        &self.not_empty
+    }
+
+    /// Puts entries popped but not served back at the head of their tiers, keeping their
+    /// stamps, under one lock: the first given is served first. For a consumer that took a
+    /// batch and cannot serve the rest soon. Once closed, hands them back instead.
+    pub(crate) fn requeue<I>(&self, entries: I) -> Vec<Entry<T>>
+    where
+        I: DoubleEndedIterator<Item = Entry<T>>,
+    {
+        let mut st = self.state.lock();
+        if st.core.is_closed() {
+            return entries.collect();
+        }
+        let mut any = false;
+        for e in entries.rev() {
+            st.core.requeue_front(e);
+            any = true;
+        }
+        if !any {
+            return Vec::new();
+        }
+        let now = self.now();
+        // Older heads again: admission is re-evaluated now, not at its next recheck.
+        self.observe(&mut st, now);
+        let pops = st.core.pops();
+        drop(st);
+        self.pops.store(pops, Ordering::Relaxed);
+        if self.waiters.load(Ordering::Relaxed) > 0 {
+            self.not_empty.notify(usize::MAX.additional());
+        }
+        Vec::new()
     }
 
     /// The tiers holding items now.

@@ -5,8 +5,6 @@ use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use futures_util::future::BoxFuture;
-use futures_util::FutureExt;
 use quanta::{Clock, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -21,8 +19,7 @@ use crate::queue::{Dequeued, Meta, RefuseReason, Removed, TierMask, TryPopError,
 use crate::runtime::item::{Accounts, Item};
 use crate::runtime::metrics::{decision_of, reason_index, CIRCUIT, EVICTED, FORCED, MEMORY, RATE};
 use crate::runtime::{
-    DeadLetterSink, DeferReason, DeferSink, HandlerError, Job, LoadLevel, RefusalPolicy, Republish,
-    RuntimeConfig,
+    DeadLetterSink, DeferReason, DeferSink, HandlerError, RefusalPolicy, Republish, RuntimeConfig,
 };
 use crate::Criticality;
 
@@ -31,9 +28,6 @@ pub(crate) type Observer<T> = Arc<dyn Fn(&T, Criticality, Disposition) + Send + 
 
 /// Maps a message to its downstream key, borrowed from the message (no allocation).
 pub(crate) type DownstreamFn<T> = Arc<dyn for<'a> Fn(&'a T) -> Option<&'a str> + Send + Sync>;
-
-pub(crate) type Handler<T> =
-    Arc<dyn Fn(Job<T>) -> BoxFuture<'static, Result<(), HandlerError>> + Send + Sync>;
 
 /// Refusals between two samples of the reject path's cost.
 const REJECT_SAMPLE_EVERY: u64 = 1024;
@@ -82,7 +76,6 @@ pub(crate) struct Inner<T> {
     pub(crate) live: crate::runtime::reconfigure::Live,
     pub(crate) defer: Option<Arc<dyn DeferSink<T>>>,
     pub(crate) dead_letter: Option<Arc<dyn DeadLetterSink<T>>>,
-    pub(crate) handler: Handler<T>,
     pub(crate) observer: Option<Observer<T>>,
     /// Circuit breakers per downstream key, and the mapping of a message to its key.
     pub(crate) breakers: Arc<Breakers>,
@@ -160,9 +153,15 @@ impl<T> Inner<T> {
 }
 
 impl<T: Send + Sync + 'static> Inner<T> {
-    /// Records the disposition (observer, ledger, ack), exactly once per message; for a keyed
-    /// message, then lets the next message of its key through the gate.
-    fn settle(self: &Arc<Self>, item: Item<T>, disposition: Disposition) {
+    /// Records the disposition (observer, ledger, ack), exactly once per message: the one place
+    /// a disposition is recorded; for a keyed message, then lets the next message of its key
+    /// through the gate. Returns the payload's shared handle, if a handler had one, for the
+    /// next message to reuse.
+    pub(crate) fn settle(
+        self: &Arc<Self>,
+        item: Item<T>,
+        disposition: Disposition,
+    ) -> Option<Arc<T>> {
         let key = item.key;
         if let Some(observe) = &self.observer {
             let observed = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -174,10 +173,11 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 self.accounts.metrics.panics.increment(1);
             }
         }
-        item.settle(disposition);
+        let spare = item.settle(disposition);
         if let Some(key) = key {
             self.release_key(key);
         }
+        spare
     }
 
     /// A message taken from a source or a producer meets the key gate: `Some` to go on (not
@@ -702,17 +702,18 @@ impl<T: Send + Sync + 'static> Inner<T> {
         drop(item);
     }
 
-    /// Next item a worker may start: weighted-fair among the tiers whose share of the
-    /// concurrency limit is not used up. `None` once the queue is closed and empty.
-    async fn next_item(&self) -> Option<Dequeued<Item<T>>> {
+    /// Takes the next batch a worker may start, at most `max` items, weighted-fair among the
+    /// tiers whose share of the concurrency limit is not used up, into `out`. Waits while there
+    /// is none; `false` once the queue is closed and empty.
+    pub(crate) async fn next_batch(&self, out: &mut Vec<Dequeued<Item<T>>>, max: usize) -> bool {
         let mut yielded = false;
         loop {
-            match self.queue.try_pop_masked(self.worker_mask()) {
-                Ok(d) => {
+            match self.queue.pop_batch_masked(self.worker_mask(), max, out) {
+                Ok(_) => {
                     self.wake_intake();
-                    return Some(d);
+                    return true;
                 }
-                Err(TryPopError::Closed) => return None,
+                Err(TryPopError::Closed) => return false,
                 Err(_) => {}
             }
             if !yielded {
@@ -723,7 +724,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 continue;
             }
             let _waiting = self.queue.wait_registration();
-            let on_push = self.queue.listen();
+            // On this task's stack, not the heap: an idle worker's wait allocates nothing.
+            event_listener::listener!(self.queue.not_empty() => on_push);
             // Only a worker that sees work its tiers' shares hold back waits for a slot too:
             // an idle worker over an empty queue is woken by a push, not by every completion.
             let held_back = self.queue.backlog().without(self.worker_mask());
@@ -731,12 +733,12 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 .limit
                 .most_allowed(held_back)
                 .map(|tier| self.limit.listen(tier));
-            match self.queue.try_pop_masked(self.worker_mask()) {
-                Ok(d) => {
+            match self.queue.pop_batch_masked(self.worker_mask(), max, out) {
+                Ok(_) => {
                     self.wake_intake();
-                    return Some(d);
+                    return true;
                 }
-                Err(TryPopError::Closed) => return None,
+                Err(TryPopError::Closed) => return false,
                 Err(_) => {}
             }
             match on_release {
@@ -749,45 +751,28 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
     }
 
-    /// An intake pacing its pulls waits for room in the queue: tell it a worker took one.
-    #[inline]
-    fn wake_intake(&self) {
-        if self.room_waiters.load(Ordering::Relaxed) > 0 {
-            self.room.notify_waiters();
-        }
-    }
-
-    pub(crate) async fn worker(self: Arc<Self>) {
-        while let Some(d) = self.next_item().await {
-            match d {
-                Dequeued::Expired(e) => {
-                    let item = e.into_inner();
-                    self.accounts.metrics.tiers[item.original]
-                        .expired
-                        .increment(1);
-                    self.settle(item, Disposition::Expired);
-                }
-                Dequeued::Ready(e) => {
-                    let now = self.clock.now();
-                    let sojourn = e.sojourn(now);
-                    let enqueued_at = e.enqueued_at();
-                    let item = e.into_inner();
-                    self.accounts.metrics.tiers[item.tier()]
-                        .sojourn
-                        .record(sojourn.as_secs_f64());
-                    self.serve(item, enqueued_at).await;
-                }
+    /// The last check of a popped item before the handler sees it, with `now` a precise clock
+    /// reading taken since it was popped (the batch's, or the previous handler's end): the one
+    /// place to refuse a popped item. Its deadline, exactly (an item whose deadline passed is
+    /// never served); its circuit, which may have opened while it was queued, or be half-open
+    /// with every probe under way: then it is refused here, before a handler call that would be
+    /// bound to fail. `None`: settled or handed to its policy here. `Some`: the item and the
+    /// breaker's call to report its outcome to ([`record_downstream`](Self::record_downstream)).
+    pub(crate) fn dispatch_check(
+        self: &Arc<Self>,
+        mut item: Item<T>,
+        now: Instant,
+    ) -> Option<(Item<T>, Option<crate::admission::Call>)> {
+        if let Some(deadline) = item.deadline {
+            if deadline <= now {
+                self.expire(item);
+                return None;
             }
         }
-    }
-
-    async fn serve(self: &Arc<Self>, mut item: Item<T>, enqueued_at: Instant) {
-        let tier = item.tier();
-        // Its circuit may have opened while it was queued, or be half-open with every probe
-        // under way: then it is refused here, before a handler call that would be bound to fail.
         let call = match item.circuit.as_ref().map(|b| self.breakers.try_call(b)) {
             Some(Some(call)) => Some(call),
             Some(None) => {
+                let tier = item.tier();
                 // Admitted already: counted as withdrawn, not as a second admission decision.
                 if !item.refused_before {
                     item.refused_before = true;
@@ -800,78 +785,58 @@ impl<T: Send + Sync + 'static> Inner<T> {
                         self.hold_in_task(i)
                     }
                 }
-                return;
+                return None;
             }
             None => None,
         };
-        // The mask admitted this tier; another worker may have taken the last slot since.
-        // With work-conserving shares a tier may borrow an idle slot beyond its share; else it
-        // waits for a slot within its share.
-        // The pop already applied the work-conserving rule (`worker_mask`): a worker holding a
-        // popped item borrows an idle slot rather than sitting on it until its share frees.
-        let permit = match self.limit.try_acquire(tier).or_else(|| {
-            self.config()
-                .work_conserving
-                .then(|| self.limit.try_acquire_up_to(tier, self.limit.limit()))
-                .flatten()
-        }) {
-            Some(p) => p,
-            None => self.limit.acquire(tier).await,
-        };
-        let job = Job {
-            payload: item.share(),
-            criticality: tier,
-            original: item.original,
-            attempt: item.attempt,
-            deadline: item.deadline,
-            enqueued_at,
-            load: LoadLevel(self.load_level()),
-            brownout: self.live.brownout(),
-            clock: self.clock.clone(),
-        };
-        let started = self.clock.now();
-        let handler = Arc::clone(&self.handler);
-        // A panic while building the future, or while polling it, is a failure like any other.
-        let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| handler(job))) {
-            Ok(fut) => AssertUnwindSafe(fut).catch_unwind().await,
-            Err(panic) => Err(panic),
-        };
-        let finished = self.clock.now();
-        let latency = finished.saturating_duration_since(started);
-        self.accounts.metrics.tiers[tier]
-            .latency
-            .record(latency.as_secs_f64());
-        let _ = permit.record(latency, false);
-        self.served.fetch_add(1, Ordering::Relaxed);
-        self.busy_ns
-            .fetch_add(latency.as_nanos() as u64, Ordering::Relaxed);
-        self.record_downstream(call, &outcome);
-        match outcome {
-            Ok(Ok(())) => {
-                let m = &self.accounts.metrics.tiers[item.original];
-                m.completed.increment(1);
-                if item.deadline.is_none_or(|d| finished <= d) {
-                    m.goodput.increment(1);
-                    item.accounts().ledger.record_goodput(item.original);
-                }
-                self.settle(item, Disposition::Completed);
-            }
-            Ok(Err(err)) => {
-                let retry = err.is_retryable();
-                self.failed(item, retry, "failed", err.to_string()).await;
-            }
-            Err(_) => {
-                self.accounts.metrics.panics.increment(1);
-                self.failed(item, true, "panicked", "handler panicked".to_owned())
-                    .await;
-            }
+        Some((item, call))
+    }
+
+    /// Puts the items of a worker's batch it did not start back at the head of their tiers
+    /// (served or expired as if never taken); at shutdown, handles them as queued items.
+    /// Leaves `batch` empty.
+    pub(crate) fn requeue(self: &Arc<Self>, batch: &mut Vec<Dequeued<Item<T>>>) {
+        if batch.is_empty() {
+            return;
+        }
+        // `batch` is in reverse serving order: the last is the next to serve.
+        let entries = batch.drain(..).rev().map(Dequeued::into_entry);
+        for e in self.queue.requeue(entries) {
+            self.shutdown_item(e.into_inner());
+        }
+    }
+
+    /// A queued (or taken but not started) item at shutdown: deferred where its policy says so
+    /// (and the sink is up), otherwise released unacknowledged for redelivery.
+    pub(crate) fn shutdown_item(self: &Arc<Self>, item: Item<T>) {
+        let config = self.config();
+        let defer = item.key.is_none()
+            && item.deferrals < config.max_deferrals
+            && self.defer.is_some()
+            && config.policy[item.tier()] == RefusalPolicy::Defer
+            && self.defer_healthy();
+        if defer {
+            let this = Arc::clone(self);
+            self.spawn(async move {
+                this.defer_until_done(item, DeferReason::Shutdown).await;
+            });
+        } else {
+            drop(item);
+        }
+    }
+
+    /// An intake pacing its pulls waits for room in the queue: tell it a worker took some.
+    #[inline]
+    fn wake_intake(&self) {
+        if self.room_waiters.load(Ordering::Relaxed) > 0 {
+            self.room.notify_waiters();
         }
     }
 
     /// Tells the breakers how a call went: success or failure for the message's key (a
     /// failure only when the handler named that key), and a failure for another key the
     /// handler named. Anything else (another error, a panic) says nothing about a downstream.
-    fn record_downstream(
+    pub(crate) fn record_downstream(
         &self,
         call: Option<crate::admission::Call>,
         outcome: &std::thread::Result<Result<(), HandlerError>>,
@@ -899,7 +864,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
     }
 
-    async fn failed(
+    pub(crate) async fn failed(
         self: &Arc<Self>,
         mut item: Item<T>,
         retryable: bool,
@@ -1134,20 +1099,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         // earlier message of its key, which is released or still running.
         drop(self.gate.close());
         for e in self.queue.close() {
-            let item = e.into_inner();
-            let defer = item.key.is_none()
-                && item.deferrals < self.config().max_deferrals
-                && self.defer.is_some()
-                && self.config().policy[item.tier()] == RefusalPolicy::Defer
-                && self.defer_healthy();
-            if defer {
-                let this = Arc::clone(self);
-                self.spawn(async move {
-                    this.defer_until_done(item, DeferReason::Shutdown).await;
-                });
-            } else {
-                drop(item);
-            }
+            self.shutdown_item(e.into_inner());
         }
     }
 }

@@ -166,14 +166,38 @@ impl<T> Item<T> {
         self.original.demoted_by(self.attempt)
     }
 
-    /// Records the disposition (per original criticality) and resolves the ack.
-    pub(crate) fn settle(mut self, disposition: Disposition) {
+    /// A shared handle for a handler, like [`share`](Self::share), in the allocation of `spare`
+    /// (the previous message's handle) when nobody else holds that one any more: a worker
+    /// serving message after message allocates no handle. The previous payload is dropped here,
+    /// so a worker keeps the last payload it served until it serves the next.
+    pub(crate) fn share_reusing(&mut self, spare: &mut Option<Arc<T>>) -> Arc<T> {
+        if let (Payload::Owned(_), Some(mut arc)) = (&self.payload, spare.take()) {
+            if let Some(slot) = Arc::get_mut(&mut arc) {
+                let Payload::Owned(t) = std::mem::replace(&mut self.payload, Payload::Moving)
+                else {
+                    unreachable!("checked above")
+                };
+                drop(std::mem::replace(slot, t));
+                self.payload = Payload::Shared(Arc::clone(&arc));
+                return arc;
+            }
+        }
+        self.share()
+    }
+
+    /// Records the disposition (per original criticality) and resolves the ack. Returns the
+    /// payload's shared handle, if it has one, for [`share_reusing`](Self::share_reusing).
+    pub(crate) fn settle(mut self, disposition: Disposition) -> Option<Arc<T>> {
         self.accounts.ledger.record(self.original, disposition);
         if let Some(ack) = self.ack.take() {
             ack.resolve(disposition);
         }
         self.accounts.alive.fetch_sub(1, Ordering::Relaxed);
         self.leave_memory();
+        match std::mem::replace(&mut self.payload, Payload::Moving) {
+            Payload::Shared(arc) => Some(arc),
+            _ => None,
+        }
     }
 
     /// Its bytes leave the memory budget (settled or released: exactly once, as the ack).

@@ -35,6 +35,7 @@ mod sink;
 mod source;
 mod submit;
 mod toolbox;
+mod worker;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -102,11 +103,18 @@ use item::Accounts;
 pub struct Runtime<T> {
     inner: Arc<Inner<T>>,
     workers: tokio::task::JoinSet<()>,
+    /// Builds one more worker task (the handler's type is known only in `start`).
+    #[allow(dead_code)]
+    spawn_worker: SpawnWorker<T>,
     intakes: Vec<JoinHandle<()>>,
     sampler: JoinHandle<()>,
     drained: CancellationToken,
     final_ack: Arc<parking_lot::Mutex<Option<tokio::time::Instant>>>,
 }
+
+/// Builds a worker's task for a runtime: its handler inside.
+type SpawnWorker<T> =
+    Arc<dyn Fn(Arc<Inner<T>>) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 /// Builds a [`Runtime`].
 #[must_use]
@@ -272,7 +280,6 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             observer: self.observer,
             breakers,
             downstream: self.downstream,
-            handler: Arc::new(move |job| Box::pin(handler(job))),
             origin: self.clock.now(),
             clock: self.clock,
             stop: CancellationToken::new(),
@@ -297,14 +304,18 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             gate: crate::ordering::KeyGate::new(),
             buckets,
         });
+        let handler = Arc::new(handler);
+        let spawn_worker: SpawnWorker<T> =
+            Arc::new(move |inner| Box::pin(worker::run(inner, Arc::clone(&handler))));
         let mut worker_set = tokio::task::JoinSet::new();
         for _ in 0..workers {
-            worker_set.spawn(Arc::clone(&inner).worker());
+            worker_set.spawn(spawn_worker(Arc::clone(&inner)));
         }
         let sampler = tokio::spawn(Arc::clone(&inner).sampler());
         Ok(Runtime {
             inner,
             workers: worker_set,
+            spawn_worker,
             intakes: Vec::new(),
             sampler,
             drained: CancellationToken::new(),

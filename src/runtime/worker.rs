@@ -1,0 +1,304 @@
+//! The workers: long-lived tasks, one per configured worker, each taking a batch of items from
+//! the queue and serving them one after another.
+//!
+//! # What a served message costs, and why
+//!
+//! A worker pays once per batch what does not depend on the message: the queue's lock, the
+//! tier mask of the concurrency shares, the wake-up of an intake waiting for room, the clock
+//! read that stamps the batch's sojourns, and the metric counters (accumulated in a [`Tally`]
+//! and added once). Per message it pays the deadline check, a slot of the concurrency limit,
+//! one clock read (a handler's end is the next one's start), the handler, and the disposition.
+//! Nothing is allocated per message in steady state: the handler's future is awaited in place
+//! (the worker is generic over the handler, so its future is not boxed), and the payload's
+//! shared handle for the [`Job`] reuses the allocation of the previous message's once the
+//! handler let go of it (see [`Item::share_reusing`]).
+//!
+//! # How big a batch
+//!
+//! Items a worker took are not in the queue: no other worker can serve them, and a more
+//! critical item pushed meanwhile is served by another worker, not before them. So a batch is
+//! kept small in time: a worker takes more than one item only while its handler calls have
+//! finished at their first poll (no waiting inside the handler) and their mean service time
+//! leaves the whole batch under [`BATCH_BUDGET`]. With a handler that waits for anything (I/O,
+//! a timer), batches are of one item, as before batches existed. If a handler call does wait
+//! while the worker still holds items, the worker puts them back at the head of their tiers
+//! ([`WfqQueue::requeue`](crate::queue::WfqQueue)) before waiting, so no item waits behind a
+//! slow call while another worker could serve it.
+//!
+//! # Hook points
+//!
+//! [`Inner::dispatch_check`] is the one place a popped item is checked before the handler sees
+//! it (its deadline, exactly; its circuit); [`Inner::settle`] the one place a disposition is
+//! recorded (observer, ledger, acknowledgement).
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use quanta::Instant;
+
+use crate::ledger::Disposition;
+use crate::queue::Dequeued;
+use crate::runtime::engine::Inner;
+use crate::runtime::item::Item;
+use crate::runtime::{HandlerError, Job, LoadLevel};
+use crate::Criticality;
+
+/// Most items a worker takes from the queue at once.
+pub(crate) const MAX_BATCH: usize = 32;
+
+/// The handler time a batch may hold, by the worker's recent mean: what an item taken in a batch
+/// may wait behind the others of its batch.
+const BATCH_BUDGET: Duration = Duration::from_micros(50);
+
+/// Handler calls in a row that finished at their first poll before a worker takes batches.
+const SYNC_STREAK: u32 = 8;
+
+/// Counters a worker adds to the shared metrics once per batch rather than once per message.
+#[derive(Default)]
+struct Tally {
+    completed: [u64; 4],
+    goodput: [u64; 4],
+    expired: [u64; 4],
+    served: u64,
+    busy_ns: u64,
+}
+
+impl Tally {
+    fn flush<T>(&mut self, inner: &Inner<T>) {
+        let metrics = &inner.accounts.metrics;
+        for tier in Criticality::ALL {
+            let r = tier.rank();
+            let m = &metrics.tiers[tier];
+            if self.completed[r] > 0 {
+                m.completed.increment(self.completed[r]);
+            }
+            if self.goodput[r] > 0 {
+                m.goodput.increment(self.goodput[r]);
+            }
+            if self.expired[r] > 0 {
+                m.expired.increment(self.expired[r]);
+            }
+        }
+        if self.served > 0 {
+            inner.served.fetch_add(self.served, Ordering::Relaxed);
+            inner.busy_ns.fetch_add(self.busy_ns, Ordering::Relaxed);
+        }
+        *self = Tally::default();
+    }
+}
+
+/// What a worker keeps between messages.
+struct Local<T> {
+    /// The current batch, in reverse serving order (served by `pop`).
+    batch: Vec<Dequeued<Item<T>>>,
+    /// The last served payload's shared handle, reused for the next one when nobody kept it.
+    spare: Option<Arc<T>>,
+    tally: Tally,
+    /// Handler calls in a row that finished at their first poll.
+    streak: u32,
+    /// Mean handler time, exponentially weighted (1/8), ns.
+    mean_ns: u64,
+}
+
+impl<T> Local<T> {
+    fn batch_size(&self) -> usize {
+        if self.streak < SYNC_STREAK {
+            return 1;
+        }
+        let budget = BATCH_BUDGET.as_nanos() as u64;
+        (budget / self.mean_ns.max(1)).clamp(1, MAX_BATCH as u64) as usize
+    }
+
+    fn learn(&mut self, latency_ns: u64, at_first_poll: bool) {
+        self.streak = if at_first_poll {
+            self.streak.saturating_add(1)
+        } else {
+            0
+        };
+        self.mean_ns = if self.mean_ns == u64::MAX {
+            latency_ns
+        } else {
+            // Wrapping is impossible: both terms are below 2^63 for any real latency.
+            (self.mean_ns * 7 + latency_ns) / 8
+        };
+    }
+}
+
+/// One worker, for the life of the runtime: pops batches and serves them until the queue is
+/// closed and empty.
+pub(crate) async fn run<T, H, F>(inner: Arc<Inner<T>>, handler: Arc<H>)
+where
+    T: Send + Sync + 'static,
+    H: Fn(Job<T>) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    let mut local = Local {
+        batch: Vec::with_capacity(MAX_BATCH),
+        spare: None,
+        tally: Tally::default(),
+        streak: 0,
+        mean_ns: u64::MAX,
+    };
+    loop {
+        let max = local.batch_size();
+        if !inner.next_batch(&mut local.batch, max).await {
+            return;
+        }
+        local.batch.reverse();
+        // One clock read per batch: the sojourns end here, and the first handler starts here.
+        let mut now = inner.clock.now();
+        while let Some(d) = local.batch.pop() {
+            let last = local.batch.is_empty();
+            match d {
+                Dequeued::Expired(e) => {
+                    let item = e.into_inner();
+                    local.tally.expired[item.original.rank()] += 1;
+                    if last {
+                        local.tally.flush(&inner);
+                    }
+                    inner.settle(item, Disposition::Expired);
+                }
+                Dequeued::Ready(e) => {
+                    let sojourn = e.sojourn(now);
+                    let enqueued_at = e.enqueued_at();
+                    let item = e.into_inner();
+                    inner.accounts.metrics.tiers[item.tier()]
+                        .sojourn
+                        .record(sojourn.as_secs_f64());
+                    now = serve(&inner, &*handler, &mut local, item, enqueued_at, now).await;
+                }
+            }
+        }
+        local.tally.flush(&inner);
+    }
+}
+
+/// Serves one popped item: the dispatch check, a slot, the handler, the disposition. `now` is a
+/// clock reading taken just before (the batch's, or the previous handler's end); returns the
+/// reading taken at the end of this one.
+async fn serve<T, H, F>(
+    inner: &Arc<Inner<T>>,
+    handler: &H,
+    local: &mut Local<T>,
+    item: Item<T>,
+    enqueued_at: Instant,
+    mut now: Instant,
+) -> Instant
+where
+    T: Send + Sync + 'static,
+    H: Fn(Job<T>) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    if inner.stop.is_cancelled() {
+        // Taken before shutdown began, not started: as if it were still queued.
+        inner.shutdown_item(item);
+        return now;
+    }
+    let tier = item.tier();
+    // The pop applied the tier mask of the shares (`worker_mask`); another worker may have
+    // taken the last slot since. With work-conserving shares a popped item borrows an idle
+    // slot rather than sitting on it until its share frees; else it waits within its share.
+    let permit = match inner.limit.try_acquire(tier).or_else(|| {
+        inner
+            .config()
+            .work_conserving
+            .then(|| inner.limit.try_acquire_up_to(tier, inner.limit.limit()))
+            .flatten()
+    }) {
+        Some(p) => p,
+        None => {
+            let p = inner.limit.acquire(tier).await;
+            now = inner.clock.now();
+            p
+        }
+    };
+    let Some((mut item, call)) = inner.dispatch_check(item, now) else {
+        drop(permit);
+        if local.batch.is_empty() {
+            local.tally.flush(inner);
+        }
+        return now;
+    };
+    let job = Job {
+        payload: item.share_reusing(&mut local.spare),
+        criticality: tier,
+        original: item.original,
+        attempt: item.attempt,
+        deadline: item.deadline,
+        enqueued_at,
+        load: LoadLevel(inner.load_level()),
+        brownout: inner.live.brownout(),
+        clock: inner.clock.clone(),
+    };
+    let started = now;
+    // A panic while building the future, or while polling it, is a failure like any other.
+    let (outcome, at_first_poll) = match std::panic::catch_unwind(AssertUnwindSafe(|| handler(job)))
+    {
+        Ok(fut) => {
+            let mut fut = std::pin::pin!(AssertUnwindSafe(fut).catch_unwind());
+            match futures_util::poll!(fut.as_mut()) {
+                Poll::Ready(outcome) => (outcome, true),
+                Poll::Pending => {
+                    // The handler waits: what this worker still holds goes back to the queue,
+                    // for the other workers, rather than waiting behind this call.
+                    inner.requeue(&mut local.batch);
+                    local.tally.flush(inner);
+                    (fut.await, false)
+                }
+            }
+        }
+        Err(panic) => (Err(panic), true),
+    };
+    let finished = inner.clock.now();
+    let latency = finished.saturating_duration_since(started);
+    let latency_ns = latency.as_nanos() as u64;
+    local.learn(latency_ns, at_first_poll);
+    inner.accounts.metrics.tiers[tier]
+        .latency
+        .record(latency.as_secs_f64());
+    let _ = permit.record(latency, false);
+    local.tally.served += 1;
+    local.tally.busy_ns += latency_ns;
+    inner.record_downstream(call, &outcome);
+    let last = local.batch.is_empty();
+    match outcome {
+        Ok(Ok(())) => {
+            let r = item.original.rank();
+            local.tally.completed[r] += 1;
+            if item.deadline.is_none_or(|d| finished <= d) {
+                local.tally.goodput[r] += 1;
+                item.accounts().ledger.record_goodput(item.original);
+            }
+            // Counted before the disposition, so a reader who sees the message settled sees
+            // its counters too.
+            if last {
+                local.tally.flush(inner);
+            }
+            if let Some(spare) = inner.settle(item, Disposition::Completed) {
+                local.spare = Some(spare);
+            }
+        }
+        Ok(Err(err)) => {
+            if last {
+                local.tally.flush(inner);
+            }
+            let retry = err.is_retryable();
+            inner.failed(item, retry, "failed", err.to_string()).await;
+        }
+        Err(_) => {
+            if last {
+                local.tally.flush(inner);
+            }
+            inner.accounts.metrics.panics.increment(1);
+            inner
+                .failed(item, true, "panicked", "handler panicked".to_owned())
+                .await;
+        }
+    }
+    finished
+}
