@@ -334,10 +334,11 @@ impl<T> Core<T> {
         Some(Dequeued::Ready(e))
     }
 
-    /// Puts an entry that a pop took out, and that was not served, back at the head of its
-    /// tier with its stamp, as if the pop had not happened (its tier's scheduling charge
-    /// stays). Ignores the bounds: the entry was counted in them when popped, and the next push
-    /// that needs room makes it as usual.
+    /// Puts an entry that a pop took out as ready, and that was not served, back at the head
+    /// of its tier with its stamp, as if the pop had not happened (its tier's scheduling charge
+    /// refunded). Entries go back in the reverse order of their pops. Ignores the bounds: the
+    /// entry was counted in them when popped, and the next push that needs room makes it as
+    /// usual.
     pub(crate) fn requeue_front(&mut self, e: Entry<T>) {
         let rank = e.meta.criticality.rank();
         let size = e.meta.size_bytes;
@@ -346,16 +347,20 @@ impl<T> Core<T> {
                 self.earliest_deadline = Some(d);
             }
         }
-        if self.backlog & (1 << rank) == 0 {
-            self.backlog |= 1 << rank;
-            self.sched.activate(rank);
-        }
+        self.sched.refund(rank);
+        self.backlog |= 1 << rank;
         self.tiers[rank].push_front(e);
         self.len += 1;
         self.bytes[rank] += size;
         self.total_bytes += size;
         self.pops = self.pops.saturating_sub(1);
         self.stats[rank].popped = self.stats[rank].popped.saturating_sub(1);
+    }
+
+    /// After [`requeue_front`](Self::requeue_front) of every entry popped after one of tier
+    /// `rank`: the scheduler's virtual time as that pop left it.
+    pub(crate) fn requeued_after(&mut self, rank: usize) {
+        self.sched.restore_vtime(rank);
     }
 
     /// The queue age each tier sees, indexed by rank: the age of the oldest item waiting at that

@@ -115,6 +115,20 @@ impl Stride {
         }
     }
 
+    /// Takes back the charge of `rank`'s last service: the item it served was handed back
+    /// unserved (see `Core::requeue_front`). Refunds go in the reverse order of the charges.
+    #[inline]
+    pub(crate) fn refund(&mut self, rank: usize) {
+        self.pass[rank] = self.pass[rank].saturating_sub(self.stride[rank]);
+    }
+
+    /// After the refunds of every charge since a service of `rank`: virtual time as that
+    /// service left it, so the order goes on as if the refunded services never happened.
+    #[inline]
+    pub(crate) fn restore_vtime(&mut self, rank: usize) {
+        self.vtime = self.pass[rank].saturating_sub(self.stride[rank]);
+    }
+
     #[cold]
     fn rebase(&mut self) {
         let base = self.vtime;

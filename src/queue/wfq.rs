@@ -766,10 +766,13 @@ impl<T> WfqQueue<T> {
         &self.not_empty
     }
 
-    /// Puts entries popped but not served back at the head of their tiers, keeping their
-    /// stamps, under one lock: the first given is served first. For a consumer that took a
-    /// batch and cannot serve the rest soon. Once closed, hands them back instead.
-    pub(crate) fn requeue<I>(&self, entries: I) -> Vec<Entry<T>>
+    /// Puts entries popped as ready but not served back at the head of their tiers, keeping
+    /// their stamps and refunding their tiers' scheduling charges, under one lock: the first
+    /// given is served first, and the weighted-fair order goes on as if they had not been
+    /// popped. For a consumer that took a batch, served its item of tier `after` and cannot
+    /// serve the rest soon; `entries` are the pops that came right after that one. Once
+    /// closed, hands them back instead.
+    pub(crate) fn requeue<I>(&self, entries: I, after: Criticality) -> Vec<Entry<T>>
     where
         I: DoubleEndedIterator<Item = Entry<T>>,
     {
@@ -785,6 +788,7 @@ impl<T> WfqQueue<T> {
         if !any {
             return Vec::new();
         }
+        st.core.requeued_after(after.rank());
         let now = self.now();
         // Older heads again: admission is re-evaluated now, not at its next recheck.
         self.observe(&mut st, now);

@@ -792,16 +792,30 @@ impl<T: Send + Sync + 'static> Inner<T> {
         Some((item, call))
     }
 
-    /// Puts the items of a worker's batch it did not start back at the head of their tiers
-    /// (served or expired as if never taken); at shutdown, handles them as queued items.
-    /// Leaves `batch` empty.
-    pub(crate) fn requeue(self: &Arc<Self>, batch: &mut Vec<Dequeued<Item<T>>>) {
+    /// Puts the items of a worker's batch it did not start back at the head of their tiers, as
+    /// if never taken (the batch's items popped after one of tier `after`, which is being
+    /// served); those that came out expired are settled; at shutdown, the rest are handled as
+    /// queued items. Leaves `batch` empty.
+    pub(crate) fn requeue(
+        self: &Arc<Self>,
+        batch: &mut Vec<Dequeued<Item<T>>>,
+        after: Criticality,
+    ) {
         if batch.is_empty() {
             return;
         }
+        // Those that came out expired were never charged to their tier: done with, settled.
+        if batch.iter().any(Dequeued::is_expired) {
+            let (expired, ready): (Vec<_>, Vec<_>) =
+                batch.drain(..).partition(Dequeued::is_expired);
+            batch.extend(ready);
+            for d in expired {
+                self.expire(d.into_entry().into_inner());
+            }
+        }
         // `batch` is in reverse serving order: the last is the next to serve.
         let entries = batch.drain(..).rev().map(Dequeued::into_entry);
-        for e in self.queue.requeue(entries) {
+        for e in self.queue.requeue(entries, after) {
             self.shutdown_item(e.into_inner());
         }
     }

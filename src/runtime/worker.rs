@@ -246,7 +246,7 @@ where
                 Poll::Pending => {
                     // The handler waits: what this worker still holds goes back to the queue,
                     // for the other workers, rather than waiting behind this call.
-                    inner.requeue(&mut local.batch);
+                    inner.requeue(&mut local.batch, tier);
                     local.tally.flush(inner);
                     (fut.await, false)
                 }
