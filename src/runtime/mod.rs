@@ -424,8 +424,9 @@ impl<T: Send + Sync + 'static> Runtime<T> {
     ///
     /// # Errors
     ///
-    /// - [`SubmitError::Overloaded`]: queue-age admission refuses the tier; nothing recorded
-    ///   but the `triage_refused_total` counter.
+    /// - [`SubmitError::Overloaded`]: queue-age admission, or the operator's
+    ///   [`forced_shed_level`](RuntimeConfig::forced_shed_level), refuses the tier; nothing
+    ///   recorded but the `triage_refused_total` counter (reason `overloaded` or `forced`).
     /// - [`SubmitError::Full`]: the queue is full with nothing lower to evict; the message was
     ///   counted as consumed and then released. (A message with an ordering key is held
     ///   instead, since the later messages of its key must not run before it: `Ok(())`.)
@@ -444,7 +445,8 @@ impl<T: Send + Sync + 'static> Runtime<T> {
         if inner.config().policy[tier] == RefusalPolicy::Backpressure
             && (forced || !inner.queue.admits(tier))
         {
-            inner.accounts.metrics.tiers[tier].refused[0].increment(1);
+            let reason = if forced { metrics::FORCED } else { 0 };
+            inner.accounts.metrics.tiers[tier].refused[reason].increment(1);
             return Err(SubmitError::Overloaded(envelope));
         }
         let mut item = item::Item::consumed(envelope, &inner.accounts);

@@ -8,7 +8,7 @@ use crate::runtime::Envelope;
 /// back whole. `Debug` prints `Overloaded(..)` so `T` needs no `Debug`.
 #[non_exhaustive]
 pub enum SubmitError<T> {
-    /// Queue-age admission refuses its tier now.
+    /// Queue-age admission, or the operator's forced shed level, refuses its tier now.
     Overloaded(Envelope<T>),
     /// The queue is full with nothing of a lower tier to evict.
     Full(Envelope<T>),
