@@ -2,7 +2,7 @@
 //! balance and the ordering of goodput by tier. No wall-clock thresholds: only ratios of counts
 //! from the same run.
 
-#[path = "../examples/overload/sim.rs"]
+#[path = "../examples/overload/src/sim.rs"]
 mod sim;
 
 use std::time::Duration;

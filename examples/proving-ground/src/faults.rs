@@ -71,6 +71,21 @@ pub struct WorkerProc {
 impl WorkerProc {
     /// Starts worker number `n` of the phase; `instance` is its Kafka static membership id.
     pub fn spawn(launcher: &Launcher, spec: &WorkerSpec, n: usize, instance: Option<&str>) -> Self {
+        // The Prometheus endpoint on a port of the kernel's choosing: the workers run as a
+        // deployment would (the stats file is what the report reads).
+        let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        Self::spawn_serving(launcher, spec, n, instance, any)
+    }
+
+    /// [`WorkerProc::spawn`], serving Prometheus' `/metrics` on `metrics` (a port known in
+    /// advance, for a Prometheus that scrapes it).
+    pub fn spawn_serving(
+        launcher: &Launcher,
+        spec: &WorkerSpec,
+        n: usize,
+        instance: Option<&str>,
+        metrics: std::net::SocketAddr,
+    ) -> Self {
         let log = spec.dir.join(format!("worker-{n}.log"));
         let stats = spec.dir.join(format!("worker-{n}.stats"));
         let mut args = vec![
@@ -92,10 +107,8 @@ impl WorkerProc {
             path_str(&stats),
             "--layout".to_owned(),
             spec.layout.as_str().to_owned(),
-            // The Prometheus endpoint as well, on a port of the kernel's choosing: the
-            // workers run as a deployment would (the stats file is what the report reads).
             "--metrics".to_owned(),
-            "127.0.0.1:0".to_owned(),
+            metrics.to_string(),
         ];
         if let Some(i) = instance {
             args.push("--instance".to_owned());

@@ -439,7 +439,7 @@ fn restart_figures(
 }
 
 /// Completions per second over the middle 80 % of a backlog's completions.
-fn service_rate(produced: &[Produced], logs: &reconcile::Logs) -> Option<f64> {
+pub fn service_rate(produced: &[Produced], logs: &reconcile::Logs) -> Option<f64> {
     let mut at: Vec<u64> = produced
         .iter()
         .filter_map(|p| logs.get(&p.id))
@@ -461,7 +461,7 @@ fn service_rate(produced: &[Produced], logs: &reconcile::Logs) -> Option<f64> {
 
 /// Waits until every id has a line and the logs stopped growing for two seconds (deferred
 /// work drained back), or `limit`.
-async fn settle(produced: &[Produced], dir: &std::path::Path, limit: Duration) -> bool {
+pub async fn settle(produced: &[Produced], dir: &std::path::Path, limit: Duration) -> bool {
     let until = Instant::now() + limit;
     let mut last_size = 0u64;
     let mut quiet_since = Instant::now();

@@ -25,8 +25,10 @@ mod brokers;
 mod faults;
 mod harness;
 mod load;
+mod prom;
 mod reconcile;
 mod report;
+mod scale;
 mod worker;
 
 use std::path::PathBuf;
@@ -48,6 +50,10 @@ struct Cli {
 enum Command {
     /// Run one worker process (started by the harness).
     Worker(worker::WorkerArgs),
+    /// Scale-out: several worker processes in one Kafka consumer group (competing consumers
+    /// on one RabbitMQ queue) at 3x their combined capacity, a kill -9 and a worker joining
+    /// and leaving, scraped by a real Prometheus with deploy/'s rules (see src/scale.rs).
+    Scale(scale::ScaleArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -130,6 +136,9 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Some(Command::Scale(args)) = cli.command {
+        return run_scale(&runtime, &args);
+    }
     let a = cli.run;
     let windows: [u64; 4] = a
         .windows_ms
@@ -179,6 +188,30 @@ fn main() -> ExitCode {
         .flat_map(|b| b.phases.iter())
         .map(|p| p.rec.unaccounted.len())
         .sum();
+    if unaccounted > 0 {
+        eprintln!("error: {unaccounted} ids unaccounted for");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+fn run_scale(runtime: &tokio::runtime::Runtime, args: &scale::ScaleArgs) -> ExitCode {
+    let command = format!(
+        "cargo run --release -p triage-proving-ground -- {}",
+        std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+    );
+    let results = match runtime.block_on(scale::run(args, faults::Launcher::Subcommand)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let dir = args.report.clone().unwrap_or_else(|| args.out.clone());
+    let md = scale::write_report(&dir, args, &results, &command).expect("write the report");
+    println!("{md}");
+    println!("report: {}", dir.join("scale-out.md").to_string_lossy());
+    let unaccounted: usize = results.iter().map(|r| r.rec.unaccounted.len()).sum();
     if unaccounted > 0 {
         eprintln!("error: {unaccounted} ids unaccounted for");
         return ExitCode::FAILURE;

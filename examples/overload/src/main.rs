@@ -25,40 +25,20 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
 use triage::{Criticality, PerTier};
 
-#[derive(Parser, Debug)]
-#[command(about = "triage under overload, next to a plain FIFO", after_help = sim::LIVE_HELP)]
+/// The flags, parsed with `lexopt` (a few kilobytes of code: the first command's build
+/// compiles no argument-parser framework).
+#[derive(Debug)]
 struct Args {
-    /// Offered load as a multiple of the measured capacity.
-    #[arg(long, default_value_t = 3.0)]
     factor: f64,
-    /// Tier mix, percent of offered messages, `tier=percent` comma-separated (adding up to
-    /// 100; a tier left out gets 0).
-    #[arg(long, default_value = "critical=10,high=20,medium=30,sheddable=40", value_parser = parse_mix)]
     mix: [u32; 4],
-    /// Overload phase, seconds.
-    #[arg(long, default_value_t = 8.0)]
     duration_s: f64,
-    /// Recovery phase at 0.5x, seconds (at least 0.5).
-    #[arg(long, default_value_t = 4.0)]
     recovery_s: f64,
-    /// Worker tasks (the fixed concurrency limit).
-    #[arg(long, default_value_t = 8)]
     workers: usize,
-    /// Handler service time, milliseconds. 0: a true no-op handler (no timer).
-    #[arg(long, default_value_t = 2.0)]
     service_ms: f64,
-    /// Queue capacity, messages.
-    #[arg(long, default_value_t = 256)]
     capacity: usize,
-    /// Serve Prometheus `/metrics` and `/healthz` on this address (e.g. 127.0.0.1:9898);
-    /// needs `--features prometheus`.
-    #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
-    /// No live line, only the tables.
-    #[arg(long)]
     quiet: bool,
     /// Runtime configuration (TOML, `RuntimeConfig`) for the triage run; its `workers` and
     /// `queue.capacity` replace `--workers` and `--capacity`. With `--features reload`,
@@ -74,6 +54,68 @@ struct Args {
     /// Distinct keys with `--ordering key`.
     #[arg(long, default_value_t = 1000)]
     keys: u64,
+}
+
+const USAGE: &str = "\
+triage under overload, next to a plain FIFO
+
+Usage: cargo run --release --example overload -- [OPTIONS]
+
+Options:
+      --factor <X>         Offered load as a multiple of the measured capacity [default: 3]
+      --mix <MIX>          Tier mix, percent of offered messages, `tier=percent` comma-separated
+                           (adding up to 100; a tier left out gets 0)
+                           [default: critical=10,high=20,medium=30,sheddable=40]
+      --duration-s <S>     Overload phase, seconds [default: 8]
+      --recovery-s <S>     Recovery phase at 0.5x, seconds (at least 0.5) [default: 4]
+      --workers <N>        Worker tasks (the fixed concurrency limit) [default: 8]
+      --service-ms <MS>    Handler service time, milliseconds. 0: a true no-op handler (no
+                           timer) [default: 2]
+      --capacity <N>       Queue capacity, messages [default: 256]
+      --metrics <ADDR>     Serve Prometheus `/metrics` and `/healthz` on this address (e.g.
+                           127.0.0.1:9898); needs `--features prometheus`
+      --quiet              No live line, only the tables
+  -h, --help               Print help
+";
+
+impl Args {
+    fn parse() -> Result<Self, lexopt::Error> {
+        use lexopt::prelude::*;
+        let mut a = Args {
+            factor: 3.0,
+            mix: [10, 20, 30, 40],
+            duration_s: 8.0,
+            recovery_s: 4.0,
+            workers: 8,
+            service_ms: 2.0,
+            capacity: 256,
+            metrics: None,
+            quiet: false,
+        };
+        let mut parser = lexopt::Parser::from_env();
+        while let Some(arg) = parser.next()? {
+            match arg {
+                Long("factor") => a.factor = parser.value()?.parse()?,
+                Long("mix") => {
+                    let v = parser.value()?.string()?;
+                    a.mix = parse_mix(&v).map_err(lexopt::Error::from)?;
+                }
+                Long("duration-s") => a.duration_s = parser.value()?.parse()?,
+                Long("recovery-s") => a.recovery_s = parser.value()?.parse()?,
+                Long("workers") => a.workers = parser.value()?.parse()?,
+                Long("service-ms") => a.service_ms = parser.value()?.parse()?,
+                Long("capacity") => a.capacity = parser.value()?.parse()?,
+                Long("metrics") => a.metrics = Some(parser.value()?.parse()?),
+                Long("quiet") => a.quiet = true,
+                Short('h') | Long("help") => {
+                    println!("{USAGE}\n{}", sim::LIVE_HELP);
+                    std::process::exit(0);
+                }
+                _ => return Err(arg.unexpected()),
+            }
+        }
+        Ok(a)
+    }
 }
 
 fn parse_mix(s: &str) -> Result<[u32; 4], String> {
@@ -112,7 +154,13 @@ fn per_tier<T: std::fmt::Display>(values: &PerTier<T>) -> String {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = match Args::parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
     if !(args.factor > 0.0
         && args.duration_s > 0.0
         && args.service_ms >= 0.0
