@@ -557,7 +557,18 @@ async fn run_broker(
         layout: Layout::Mixed,
     };
     let t0_unix = unix_ms() as f64 / 1000.0;
-    crew.lock().started = Instant::now();
+    {
+        // The phase's clock starts with the load: what happened before is negative.
+        let mut c = crew.lock();
+        let shift = c.started.elapsed().as_secs_f64();
+        c.started = Instant::now();
+        for m in &mut c.members {
+            m.row.started_s -= shift;
+        }
+        for e in &mut c.events {
+            e.0 -= shift;
+        }
+    }
     let load0 = loadavg();
     let stop = Arc::new(AtomicBool::new(false));
     let timeline = {
