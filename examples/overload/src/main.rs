@@ -40,19 +40,8 @@ struct Args {
     capacity: usize,
     metrics: Option<SocketAddr>,
     quiet: bool,
-    /// Runtime configuration (TOML, `RuntimeConfig`) for the triage run; its `workers` and
-    /// `queue.capacity` replace `--workers` and `--capacity`. With `--features reload`,
-    /// `kill -HUP <pid>` re-reads it into the running runtime.
-    #[arg(long, value_name = "FILE")]
     config: Option<std::path::PathBuf>,
-    /// Ordering of the generated messages: `unordered` (default), `key` (each message gets one
-    /// of `--keys` random keys; at most one message per key inside the runtime, keyed messages
-    /// are held rather than deferred) or `partition` (the in-memory broker is one partition:
-    /// one message at a time).
-    #[arg(long, default_value = "unordered")]
     ordering: triage::ordering::OrderingMode,
-    /// Distinct keys with `--ordering key`.
-    #[arg(long, default_value_t = 1000)]
     keys: u64,
 }
 
@@ -75,6 +64,16 @@ Options:
       --metrics <ADDR>     Serve Prometheus `/metrics` and `/healthz` on this address (e.g.
                            127.0.0.1:9898); needs `--features prometheus`
       --quiet              No live line, only the tables
+      --config <FILE>      Runtime configuration (TOML, `RuntimeConfig`) for the triage run; its
+                           `workers` and `queue.capacity` replace `--workers` and `--capacity`.
+                           With `--features reload`, `kill -HUP <pid>` re-reads it into the
+                           running runtime
+      --ordering <MODE>    Ordering of the generated messages: `unordered`, `key` (each message
+                           gets one of `--keys` random keys; at most one message per key inside
+                           the runtime, keyed messages are held rather than deferred) or
+                           `partition` (the in-memory broker is one partition: one message at a
+                           time) [default: unordered]
+      --keys <N>           Distinct keys with `--ordering key` [default: 1000]
   -h, --help               Print help
 ";
 
@@ -91,6 +90,9 @@ impl Args {
             capacity: 256,
             metrics: None,
             quiet: false,
+            config: None,
+            ordering: triage::ordering::OrderingMode::Unordered,
+            keys: 1000,
         };
         let mut parser = lexopt::Parser::from_env();
         while let Some(arg) = parser.next()? {
@@ -107,6 +109,9 @@ impl Args {
                 Long("capacity") => a.capacity = parser.value()?.parse()?,
                 Long("metrics") => a.metrics = Some(parser.value()?.parse()?),
                 Long("quiet") => a.quiet = true,
+                Long("config") => a.config = Some(parser.value()?.into()),
+                Long("ordering") => a.ordering = parser.value()?.parse()?,
+                Long("keys") => a.keys = parser.value()?.parse()?,
                 Short('h') | Long("help") => {
                     println!("{USAGE}\n{}", sim::LIVE_HELP);
                     std::process::exit(0);
