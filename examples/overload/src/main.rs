@@ -5,7 +5,13 @@
 //! cargo run --release --example overload -- --factor 10 --duration-s 10 --workers 8
 //! cargo run --release --features prometheus --example overload -- --metrics 127.0.0.1:9898
 //! cargo run --release --features reload --example overload -- --config runtime.toml --duration-s 60
+//! cargo run --release --example overload -- --failing-downstream
 //! ```
+//!
+//! With `--failing-downstream` it runs another scenario instead (see `failing.rs`): a share of
+//! the messages is bound for a downstream whose every call fails after a timeout, and the same
+//! load runs without and with circuit-breaker-aware admission; it prints the healthy
+//! downstream's goodput for both.
 //!
 //! With `--config FILE` the run starts from that runtime configuration (TOML, the fields of
 //! `RuntimeConfig`; its `workers` and `queue.capacity` replace `--workers` and `--capacity`),
@@ -19,6 +25,7 @@
 //! deferred work drains back. The flags are the ones the worker examples use for the same
 //! things (`--duration-s`, `--service-ms`, `--workers`, `--capacity`, `--metrics`, `--mix`).
 
+mod failing;
 mod sim;
 
 use std::net::SocketAddr;
@@ -43,6 +50,21 @@ struct Args {
     config: Option<std::path::PathBuf>,
     ordering: triage::ordering::OrderingMode,
     keys: u64,
+    /// Run the failing-downstream scenario instead: `--failing-share` of the messages go to a
+    /// downstream whose every call fails after `--failing-ms`; the same load without and with
+    /// circuit breakers, printing the healthy downstream's goodput.
+    #[arg(long)]
+    failing_downstream: bool,
+    /// With `--failing-downstream`: fraction of messages bound for the failing downstream.
+    #[arg(long, default_value_t = 0.3)]
+    failing_share: f64,
+    /// With `--failing-downstream`: how long a failing call takes before it fails, ms.
+    #[arg(long, default_value_t = 20.0)]
+    failing_ms: f64,
+    /// With `--failing-downstream`: offered load as a multiple of the workers' capacity at
+    /// `--service-ms` (below 1: the only overload is what the failing calls cost).
+    #[arg(long, default_value_t = 0.8)]
+    failing_factor: f64,
 }
 
 const USAGE: &str = "\
@@ -177,6 +199,34 @@ async fn main() -> ExitCode {
             "error: --factor, --duration-s, --workers, --capacity and --keys must be positive, --service-ms at least 0"
         );
         return ExitCode::from(2);
+    }
+    if args.failing_downstream {
+        if !(args.service_ms > 0.0
+            && args.failing_ms >= 0.0
+            && (0.0..=1.0).contains(&args.failing_share)
+            && args.failing_factor > 0.0)
+        {
+            eprintln!(
+                "error: --failing-downstream needs --service-ms > 0, --failing-ms >= 0, --failing-share in 0..=1, --failing-factor > 0"
+            );
+            return ExitCode::from(2);
+        }
+        let params = failing::Params {
+            factor: args.failing_factor,
+            mix: args.mix,
+            duration: Duration::from_secs_f64(args.duration_s),
+            workers: args.workers,
+            service: Duration::from_secs_f64(args.service_ms / 1000.0),
+            failing: Duration::from_secs_f64(args.failing_ms / 1000.0),
+            failing_share: args.failing_share,
+            windows: sim::Params::default().windows,
+        };
+        return if failing::main(&params).await {
+            ExitCode::SUCCESS
+        } else {
+            eprintln!("error: a ledger does not balance");
+            ExitCode::FAILURE
+        };
     }
     // Kept alive for the whole run: dropping it stops the endpoint.
     let _metrics = match args.metrics {
