@@ -53,17 +53,13 @@ struct Args {
     /// Run the failing-downstream scenario instead: `--failing-share` of the messages go to a
     /// downstream whose every call fails after `--failing-ms`; the same load without and with
     /// circuit breakers, printing the healthy downstream's goodput.
-    #[arg(long)]
     failing_downstream: bool,
     /// With `--failing-downstream`: fraction of messages bound for the failing downstream.
-    #[arg(long, default_value_t = 0.3)]
     failing_share: f64,
     /// With `--failing-downstream`: how long a failing call takes before it fails, ms.
-    #[arg(long, default_value_t = 20.0)]
     failing_ms: f64,
     /// With `--failing-downstream`: offered load as a multiple of the workers' capacity at
     /// `--service-ms` (below 1: the only overload is what the failing calls cost).
-    #[arg(long, default_value_t = 0.8)]
     failing_factor: f64,
 }
 
@@ -96,6 +92,15 @@ Options:
                            `partition` (the in-memory broker is one partition: one message at a
                            time) [default: unordered]
       --keys <N>           Distinct keys with `--ordering key` [default: 1000]
+      --failing-downstream Run the failing-downstream scenario instead: `--failing-share` of the
+                           messages go to a downstream whose every call fails after
+                           `--failing-ms`; the same load without and with circuit breakers,
+                           printing the healthy downstream's goodput
+      --failing-share <F>  Fraction of messages bound for the failing downstream [default: 0.3]
+      --failing-ms <MS>    How long a failing call takes before it fails [default: 20]
+      --failing-factor <X> Offered load as a multiple of the workers' capacity at
+                           `--service-ms` (below 1: the only overload is what the failing calls
+                           cost) [default: 0.8]
   -h, --help               Print help
 ";
 
@@ -115,6 +120,10 @@ impl Args {
             config: None,
             ordering: triage::ordering::OrderingMode::Unordered,
             keys: 1000,
+            failing_downstream: false,
+            failing_share: 0.3,
+            failing_ms: 20.0,
+            failing_factor: 0.8,
         };
         let mut parser = lexopt::Parser::from_env();
         while let Some(arg) = parser.next()? {
@@ -134,6 +143,10 @@ impl Args {
                 Long("config") => a.config = Some(parser.value()?.into()),
                 Long("ordering") => a.ordering = parser.value()?.parse()?,
                 Long("keys") => a.keys = parser.value()?.parse()?,
+                Long("failing-downstream") => a.failing_downstream = true,
+                Long("failing-share") => a.failing_share = parser.value()?.parse()?,
+                Long("failing-ms") => a.failing_ms = parser.value()?.parse()?,
+                Long("failing-factor") => a.failing_factor = parser.value()?.parse()?,
                 Short('h') | Long("help") => {
                     println!("{USAGE}\n{}", sim::LIVE_HELP);
                     std::process::exit(0);
