@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use crate::queue::TierMask;
 use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::item::Item;
-use crate::runtime::metrics::refuses_bottom_prefix;
+use crate::runtime::metrics::{refuses_bottom_prefix, RATE};
 use crate::runtime::Source;
 
 /// How a source is pulled.
@@ -63,6 +63,10 @@ struct Held<T> {
     /// below the lower ones either), so new messages of those tiers are held at once, behind
     /// the older ones, without an offer.
     refused_floor: Option<usize>,
+    /// Tiers (a bit per rank) refused by their token bucket in the last sweep: a bucket is per
+    /// tier, so the later messages of such a tier are held at once, behind the older ones (in
+    /// order, and without an offer each that would fail the same way), until the next sweep.
+    rate_refused: u8,
     /// The queue's pop count and shed level at the last sweep: until one of them moves (or a
     /// poll interval passes), offering the held messages again would be refused again.
     swept_pops: u64,
@@ -80,6 +84,7 @@ impl<T: Send + Sync + 'static> Held<T> {
         Held {
             items: VecDeque::new(),
             refused_floor: None,
+            rate_refused: 0,
             swept_pops: 0,
             swept_level: 0,
             swept_at: tokio::time::Instant::now(),
@@ -147,6 +152,7 @@ impl<T: Send + Sync + 'static> Held<T> {
         self.swept_level = inner.load_level();
         self.swept_at = tokio::time::Instant::now();
         self.refused_floor = None;
+        self.rate_refused = 0;
         let now = inner.clock.now();
         for _ in 0..self.items.len() {
             let Some(item) = self.items.pop_front() else {
@@ -158,7 +164,7 @@ impl<T: Send + Sync + 'static> Held<T> {
                 continue;
             }
             let rank = item.tier().rank();
-            if self.refused_floor.is_some_and(|floor| rank <= floor) {
+            if self.refused_now(rank) {
                 self.items.push_back(item);
                 continue;
             }
@@ -167,9 +173,7 @@ impl<T: Send + Sync + 'static> Held<T> {
                     inner.held.fetch_sub(1, Ordering::Relaxed);
                 }
                 Offer::Hold(item) => {
-                    if refuses_bottom_prefix(item.last_refusal) {
-                        self.refused_floor = Some(self.refused_floor.map_or(rank, |f| f.max(rank)));
-                    }
+                    self.note_refused(rank, item.last_refusal);
                     self.items.push_back(item);
                 }
                 // Ours is queued; the lower one it evicted is held in its place.
@@ -179,10 +183,26 @@ impl<T: Send + Sync + 'static> Held<T> {
         }
     }
 
+    /// Whether a message of `rank` would be refused as one was in the last sweep.
+    fn refused_now(&self, rank: usize) -> bool {
+        self.refused_floor.is_some_and(|floor| rank <= floor)
+            || self.rate_refused & (1 << rank) != 0
+    }
+
+    /// Remembers a refusal of `rank` for `reason` (a `REASONS` index) until the next sweep:
+    /// the tiers at or below it for a bottom-prefix reason, that tier alone for its bucket.
+    fn note_refused(&mut self, rank: usize, reason: u8) {
+        if refuses_bottom_prefix(reason) {
+            self.refused_floor = Some(self.refused_floor.map_or(rank, |f| f.max(rank)));
+        } else if reason as usize == RATE {
+            self.rate_refused |= 1 << rank;
+        }
+    }
+
     /// A new message: held at once behind older ones of a refused tier, else offered.
     fn offer_new(&mut self, inner: &Arc<Inner<T>>, item: Item<T>) {
         let rank = item.tier().rank();
-        if self.refused_floor.is_some_and(|floor| rank <= floor) {
+        if self.refused_now(rank) {
             inner.held.fetch_add(1, Ordering::Relaxed);
             let mut item = item;
             item.mark_waiting();
@@ -193,9 +213,7 @@ impl<T: Send + Sync + 'static> Held<T> {
             Offer::Taken => {}
             Offer::Hold(item) => {
                 inner.held.fetch_add(1, Ordering::Relaxed);
-                if refuses_bottom_prefix(item.last_refusal) {
-                    self.refused_floor = Some(self.refused_floor.map_or(rank, |f| f.max(rank)));
-                }
+                self.note_refused(rank, item.last_refusal);
                 self.items.push_back(item);
             }
             Offer::Evicted(victim) => {
