@@ -32,9 +32,12 @@ const MANAGED_PROPERTIES: [&str; 5] = [
 ///     [criticality]
 ///     trusted_topics = ["orders"]
 ///     topic_tiers = { audit = "sheddable" }
+///     [ordering]
+///     mode = "key"
 /// "#)?;
 /// config.validate()?;
 /// assert_eq!(config.criticality.default_tier, triage::Criticality::Medium);
+/// assert_eq!(config.ordering.mode, triage::ordering::OrderingMode::Key);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
