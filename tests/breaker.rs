@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use triage::admission::{BreakerConfig, CircuitState, PullAdmissionConfig};
+use triage::admission::{BreakerConfig, CircuitState, Decision, PullAdmissionConfig};
 use triage::ledger::Disposition;
 use triage::runtime::{
     HandlerError, Job, MemoryBroker, RefusalPolicy, Runtime, RuntimeConfig, RuntimeStats,
@@ -166,6 +166,10 @@ async fn an_open_circuit_keeps_its_messages_from_the_handler_and_the_healthy_key
 
     broker.close();
     runtime.wait_idle().await;
+    // The decision breakdown: each consumed message's first decision, adding up to the offered
+    // count; the payments messages refused at admission are `shed-circuit`.
+    let decisions = runtime.decisions()[Criticality::Medium];
+    assert_eq!(decisions.total(), 225);
     let report = runtime.shutdown(Duration::from_secs(5)).await;
     let stats = report.stats;
     assert!(stats.balances(), "{stats:?}");
@@ -183,6 +187,14 @@ async fn an_open_circuit_keeps_its_messages_from_the_handler_and_the_healthy_key
     let withdrawn = stats.withdrawn[Criticality::Medium];
     assert!(withdrawn > 0 && withdrawn < 99, "{withdrawn}");
     assert_eq!(stats.refused[Criticality::Medium] + withdrawn, 99);
+    assert_eq!(
+        decisions.get(Decision::ShedCircuit),
+        stats.refused[Criticality::Medium]
+    );
+    assert_eq!(
+        decisions.get(Decision::Admitted),
+        stats.admitted[Criticality::Medium]
+    );
     decisions_add_up(&stats);
 }
 
