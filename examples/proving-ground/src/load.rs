@@ -31,6 +31,10 @@ pub struct Produced {
     pub deadline_ms: u64,
     /// Whether the handler fails it for good (dead-lettered).
     pub poison: bool,
+    /// When the broker confirmed it (Unix milliseconds, as the generator's confirm collector
+    /// saw it): a message confirmed after its deadline reached the broker too late for any
+    /// consumer, which the report counts apart from the worker's misses.
+    pub acked_ms: u64,
 }
 
 /// What to offer.
@@ -100,6 +104,7 @@ fn draft(spec: &LoadSpec, seq: usize, rng: &mut fastrand::Rng) -> Draft {
             tier,
             deadline_ms: now + spec.windows_ms[tier],
             poison,
+            acked_ms: 0,
         },
         payload,
     }
@@ -170,7 +175,10 @@ async fn produce_kafka(topic: &str, spec: &LoadSpec) -> (Vec<Produced>, u64) {
         while let Some((produced, delivery)) = rx.recv().await {
             let delivery: triage_kafka::rdkafka::producer::DeliveryFuture = delivery;
             match delivery.await {
-                Ok(Ok(_)) => confirmed.push(produced),
+                Ok(Ok(_)) => confirmed.push(Produced {
+                    acked_ms: unix_ms(),
+                    ..produced
+                }),
                 _ => failed += 1,
             }
         }
@@ -217,6 +225,19 @@ async fn produce_kafka(topic: &str, spec: &LoadSpec) -> (Vec<Produced>, u64) {
             }
         }
     }
+    // One record before the clock starts: the idempotent producer's id, the connection and
+    // the topic's metadata are set up by the first send, which otherwise held the phase's
+    // first few hundred milliseconds of records (stamped, so late before reaching the
+    // broker). Its id is not offered load.
+    let primer_topic = spec.layout.topic_of(topic, Criticality::Critical);
+    let primer_body = format!("{}-primer,critical,{},0", spec.prefix, unix_ms());
+    let primer = FutureRecord::<(), _>::to(&primer_topic)
+        .payload(&primer_body)
+        .headers(OwnedHeaders::new().insert(Header {
+            key: "triage-criticality",
+            value: Some("critical"),
+        }));
+    let _ = producer.send(primer, Duration::from_secs(30)).await;
     let mut send = Send {
         producer: &producer,
         topic,
@@ -297,7 +318,13 @@ async fn produce_amqp(queue: &str, spec: &LoadSpec) -> (Vec<Produced>, u64) {
         let mut confirmed = Vec::new();
         while let Some((draft, confirm)) = rx.recv().await {
             match confirm.await {
-                Ok(c) if c.is_ack() => confirmed.push((draft.seq, draft.produced)),
+                Ok(c) if c.is_ack() => confirmed.push((
+                    draft.seq,
+                    Produced {
+                        acked_ms: unix_ms(),
+                        ..draft.produced
+                    },
+                )),
                 _ => retry_c.lock().push(draft),
             }
         }
@@ -411,7 +438,8 @@ async fn produce_amqp(queue: &str, spec: &LoadSpec) -> (Vec<Produced>, u64) {
             None => false,
         };
         if acked {
-            got.push((d.seq, d.produced));
+            let acked_ms = unix_ms();
+            got.push((d.seq, Produced { acked_ms, ..d.produced }));
         } else {
             failed += 1;
         }

@@ -17,7 +17,8 @@
 //! `PROVING_GROUND_LOG` (a `tracing` filter such as `warn,triage_kafka=debug`) for more, and
 //! `PROVING_GROUND_KAFKA_DEBUG` (librdkafka `debug` contexts such as `cgrp,fetch`, logged under
 //! `librdkafka=debug`) to see the consumer group at work. `PROVING_GROUND_SHARE_RESERVE_MS`
-//! overrides the workers' `share_reserve_ms` (diagnosis only). Each worker also appends the
+//! overrides the workers' `share_reserve_ms` and `PROVING_GROUND_WORK_CONSERVING` their
+//! `work_conserving` (diagnosis and measurement only). Each worker also appends the
 //! pull admission's gauges (`triage_shed_level`, `triage_arrival_rate`, `triage_capacity`,
 //! `triage_lag`, `triage_in_flight`) every 250 ms to `worker-<n>.gauges`.
 

@@ -168,6 +168,10 @@ pub struct TierRow {
     pub evicted: u64,
     /// Refused at admission, from the runtime's counters.
     pub refused: u64,
+    /// Confirmed by the broker only after their deadline: late before any consumer could
+    /// see them (the broker or the generator was slow to take them in), whatever became of
+    /// them.
+    pub late_at_broker: u64,
     /// Median sojourn of completions, ms.
     pub sojourn_p50_ms: f64,
     /// 99th percentile sojourn of completions, ms.
@@ -233,6 +237,9 @@ pub fn tally(
     for p in produced {
         let row = &mut rows[p.tier];
         row.offered += 1;
+        if p.acked_ms > p.deadline_ms {
+            row.late_at_broker += 1;
+        }
         let lines = logs.get(&p.id).map_or(&[][..], Vec::as_slice);
         let has = |w: Logged| lines.iter().any(|l| l.what == w);
         let completions: Vec<&Line> = lines

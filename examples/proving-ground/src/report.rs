@@ -167,15 +167,15 @@ fn markdown(config: &RunConfig, results: &[BrokerResult], command: &str) -> Stri
     let _ = writeln!(s, "## Per tier and factor\n");
     let _ = writeln!(
         s,
-        "| broker | phase | tier | offered | goodput % | deferred | re-publishes | expired | of which at intake | completed late |"
+        "| broker | phase | tier | offered | goodput % | deferred | re-publishes | expired | of which at intake | completed late | confirmed after deadline |"
     );
-    let _ = writeln!(s, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for b in results {
         for p in b.phases.iter().filter(|p| p.factor > 0.0) {
             for (t, r) in p.rows.iter().enumerate() {
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {} | {:.1}% | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {:.1}% | {} | {} | {} | {} | {} | {} |",
                     b.broker.as_str(),
                     p.name,
                     TIERS[t],
@@ -185,7 +185,8 @@ fn markdown(config: &RunConfig, results: &[BrokerResult], command: &str) -> Stri
                     r.republished,
                     r.expired,
                     r.expired_at_intake,
-                    r.late
+                    r.late,
+                    r.late_at_broker
                 );
             }
         }
@@ -195,7 +196,9 @@ fn markdown(config: &RunConfig, results: &[BrokerResult], command: &str) -> Stri
         "\nDeferred: ids deferred at least once; re-publishes: every deferral (a copy deferred \
          again counts again); expired at intake: the runtime's \
          `triage_expired_at_intake_total` (expired from headers before queueing, no handler \
-         call), a part of expired.\n"
+         call), a part of expired; confirmed after deadline: the broker confirmed the publish \
+         only after the message's deadline, so no consumer could have served it in time (the \
+         broker, or the generator sharing the machine, was slow to take it in).\n"
     );
     for b in results {
         let _ = writeln!(s, "## {}\n", b.broker.as_str());

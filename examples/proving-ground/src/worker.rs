@@ -111,6 +111,10 @@ pub const KAFKA_DEBUG_ENV: &str = "PROVING_GROUND_KAFKA_DEBUG";
 /// leave a higher tier's share free after it last had work queued), for diagnosis.
 pub const SHARE_RESERVE_ENV: &str = "PROVING_GROUND_SHARE_RESERVE_MS";
 
+/// Environment variable overriding the runtime's `work_conserving` (`true` or `false`), to
+/// measure what borrowing idle slots costs Critical's sojourn.
+pub const WORK_CONSERVING_ENV: &str = "PROVING_GROUND_WORK_CONSERVING";
+
 /// Arguments of the `worker` subcommand.
 #[derive(Clone, Debug, clap::Args)]
 pub struct WorkerArgs {
@@ -256,12 +260,14 @@ const COUNTERS: [&str; 4] = [
 ];
 
 /// Gauges of the pull admission, sampled into the gauges timeline (`<stats>.gauges`).
-const GAUGES: [&str; 5] = [
+const GAUGES: [&str; 7] = [
     "triage_shed_level",
     "triage_arrival_rate",
     "triage_capacity",
     "triage_lag",
     "triage_in_flight",
+    "triage_held",
+    "triage_queue_depth",
 ];
 
 /// A gauge's last value, as `f64` bits.
@@ -480,6 +486,11 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
         config.share_reserve_ms = ms
             .parse()
             .map_err(|_| format!("{SHARE_RESERVE_ENV} must be a number of milliseconds"))?;
+    }
+    if let Ok(on) = std::env::var(WORK_CONSERVING_ENV) {
+        config.work_conserving = on
+            .parse()
+            .map_err(|_| format!("{WORK_CONSERVING_ENV} must be true or false"))?;
     }
     let service = Duration::from_millis(args.service_ms);
     let deferred = format!("{}.deferred", args.topic);
