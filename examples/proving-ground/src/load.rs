@@ -439,7 +439,13 @@ async fn produce_amqp(queue: &str, spec: &LoadSpec) -> (Vec<Produced>, u64) {
         };
         if acked {
             let acked_ms = unix_ms();
-            got.push((d.seq, Produced { acked_ms, ..d.produced }));
+            got.push((
+                d.seq,
+                Produced {
+                    acked_ms,
+                    ..d.produced
+                },
+            ));
         } else {
             failed += 1;
         }
