@@ -17,7 +17,8 @@ pub enum Decision {
     /// Queued for a worker.
     Admitted,
     /// Refused because the worker is overloaded: the pull-based shed level (arrival beyond
-    /// capacity), queue-age admission, or a full queue with nothing lower to evict.
+    /// capacity), queue-age admission, a full queue with nothing lower to evict, or the
+    /// operator's forced shed level.
     ShedCapacity,
     /// Refused by its tier's token bucket (and its lenders').
     ShedRate,
