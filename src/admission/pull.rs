@@ -60,6 +60,16 @@ pub struct PullSample {
 /// backpressure); what is past its deadline is expired at intake by the runtime, for free,
 /// whatever the level.
 ///
+/// # Limits
+///
+/// Arrival that reaches the broker in bursts less than a window apart (a producer or a broker
+/// that stalls, then catches up) looks like overload while two bursts fall in the window: in a
+/// model of 0.88x (640/s against a capacity of 727/s) arriving as 0.8 s of nothing and then
+/// 512 records at once, the second burst raises the level (estimated arrival about 1,000/s),
+/// and the lowest tier is refused for that burst. On the proving ground at a load average of
+/// 17, one 0.8x run deferred 111 Sheddable records this way; the same stalls also delivered
+/// records already past their deadline, which no admission can serve.
+///
 /// The state machine is clock-free: feed it [`PullSample`]s.
 ///
 /// # Examples
