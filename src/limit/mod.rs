@@ -171,6 +171,9 @@ struct Inner {
     /// Mirror of `algorithm.limit()`, written only under the lock, so that
     /// admission never takes it.
     limit: AtomicUsize,
+    /// Whether the algorithm is [`Fixed`], which learns nothing from a sample: then a
+    /// completion takes no lock (written with `algorithm`, under its lock).
+    fixed: std::sync::atomic::AtomicBool,
     in_flight: AtomicUsize,
     /// Each tier's share in fixed point (`TierShares::fixed`), indexed by rank: atomics, so
     /// that [`ConcurrencyLimit::set_shares`] applies live while admission reads without a lock.
@@ -200,6 +203,7 @@ impl ConcurrencyLimit {
             inner: Arc::new(Inner {
                 released: Default::default(),
                 waiting: Default::default(),
+                fixed: std::sync::atomic::AtomicBool::new(matches!(algorithm, Limiter::Fixed(_))),
                 algorithm: Mutex::new(algorithm),
                 limit: AtomicUsize::new(limit),
                 in_flight: AtomicUsize::new(0),
@@ -327,6 +331,10 @@ impl ConcurrencyLimit {
     pub fn set_algorithm(&self, algorithm: Limiter) {
         let mut current = self.inner.algorithm.lock();
         self.inner.limit.store(algorithm.limit(), Ordering::Relaxed);
+        self.inner.fixed.store(
+            matches!(algorithm, Limiter::Fixed(_)),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         *current = algorithm;
         drop(current);
         fence(Ordering::SeqCst);
@@ -409,6 +417,10 @@ impl Permit {
     /// of overload (see [`Sample::dropped`]), releases the slot, and returns the
     /// new limit.
     pub fn record(self, latency: Duration, dropped: bool) -> usize {
+        if self.inner.fixed.load(std::sync::atomic::Ordering::Relaxed) {
+            // A fixed limit ignores samples: no lock per completion.
+            return self.inner.limit.load(Ordering::Relaxed);
+        }
         let sample = Sample {
             latency,
             in_flight: self.in_flight_at_start,

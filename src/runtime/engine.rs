@@ -451,12 +451,16 @@ impl<T: Send + Sync + 'static> Inner<T> {
             self.accounts.metrics.tiers[tier].refused[r].increment(1);
             self.accounts.refused[tier.rank()].fetch_add(1, Ordering::Relaxed);
         }
-        let out = self.refuse(item, r, defer_reason);
         self.refusals.fetch_add(1, Ordering::Relaxed);
+        // The decision ends here: what follows is the policy the operator chose (a Drop's
+        // observer call and acknowledgement, a deferral's task), whose cost is the sink's, the
+        // observer's and the broker client's, not triage's. Timing it too made the proving
+        // ground's workers report their disposition log's file write as the reject cost.
         if let Some(started) = started {
             let cost = self.clock.now().saturating_duration_since(started);
             self.accounts.metrics.reject_cost.record(cost.as_secs_f64());
         }
+        let out = self.refuse(item, r, defer_reason);
         out
     }
 

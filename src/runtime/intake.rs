@@ -36,6 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::queue::TierMask;
@@ -236,6 +237,35 @@ fn drain_allowed<T: Send + Sync + 'static>(inner: &Inner<T>) -> bool {
         && inner.limit.in_flight() < inner.limit.limit()
 }
 
+/// Most messages taken from a source in one turn of the intake loop (see `run`).
+const PULL_BATCH: usize = 32;
+
+/// One message pulled: counted, expired at once if its deadline passed, through the key gate,
+/// then offered (or held behind older ones of a refused tier).
+fn take<T: Send + Sync + 'static>(
+    inner: &Arc<Inner<T>>,
+    held: &mut Held<T>,
+    mode: Mode,
+    envelope: crate::runtime::Envelope<T>,
+) {
+    let tier = envelope.criticality;
+    let mut item = Item::consumed(envelope, &inner.accounts);
+    inner.map_downstream(&mut item);
+    if mode == Mode::Normal {
+        inner.pulled[tier.rank()].fetch_add(1, Ordering::Relaxed);
+    }
+    // Past its deadline already: expired from its headers alone, before any queueing.
+    if item.deadline.is_some_and(|d| d <= inner.clock.recent()) {
+        inner.expire_at_intake(item);
+        return;
+    }
+    // Behind a busy key: parked, offered when the key's earlier message is settled.
+    let Some(item) = inner.pass_gate(item) else {
+        return;
+    };
+    held.offer_new(&inner, item);
+}
+
 enum Pulled<T> {
     Message(crate::runtime::Envelope<T>),
     Nothing,
@@ -294,9 +324,9 @@ pub(crate) async fn run<S: Source>(
         // Parked messages (behind a busy ordering key) have a bound of their own. Both bounds
         // are read each turn: a live reconfiguration may change them.
         let config = inner.config();
-        let full =
-            held.len() >= config.max_held.get() || inner.gate.parked() >= config.max_parked.get();
+        let (max_held, max_parked) = (config.max_held.get(), config.max_parked.get());
         drop(config);
+        let full = held.len() >= max_held || inner.gate.parked() >= max_parked;
         if full != paused {
             if full {
                 source.pause();
@@ -360,22 +390,30 @@ pub(crate) async fn run<S: Source>(
                 continue;
             }
         };
-        let tier = envelope.criticality;
-        let mut item = Item::consumed(envelope, &inner.accounts);
-        inner.map_downstream(&mut item);
+        take(&inner, &mut held, mode, envelope);
+        // Messages the source already has are taken in the same turn, up to `PULL_BATCH`,
+        // without the per-pull work above (the stop signal's registration, the lag, the
+        // sweep, the pause state): each is still admitted on its own, and the limits that
+        // stop pulling (the held buffer, the prefetch while not overloaded) still apply.
         if mode == Mode::Normal {
-            inner.pulled[tier.rank()].fetch_add(1, Ordering::Relaxed);
+            for _ in 1..PULL_BATCH {
+                if held.len() >= max_held
+                    || inner.gate.parked() >= max_parked
+                    || !inner.accounts.memory.may_pull()
+                    || (level == 0 && inner.queue.len() >= prefetch)
+                {
+                    break;
+                }
+                match source.next().now_or_never() {
+                    Some(Some(envelope)) => take(&inner, &mut held, mode, envelope),
+                    Some(None) => {
+                        finished = true;
+                        break;
+                    }
+                    None => break,
+                }
+            }
         }
-        // Past its deadline already: expired from its headers alone, before any queueing.
-        if item.deadline.is_some_and(|d| d <= inner.clock.recent()) {
-            inner.expire_at_intake(item);
-            continue;
-        }
-        // Behind a busy key: parked, offered when the key's earlier message is settled.
-        let Some(item) = inner.pass_gate(item) else {
-            continue;
-        };
-        held.offer_new(&inner, item);
     }
     inner.held.fetch_sub(held.len() as i64, Ordering::Relaxed);
     // Dropping them releases them unacknowledged.

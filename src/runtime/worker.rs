@@ -194,7 +194,8 @@ where
     H: Fn(Job<T>) -> F + Send + Sync + 'static,
     F: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
-    if inner.stop.is_cancelled() {
+    // Closed when shutdown begins (one atomic load, where the stop token takes a lock).
+    if inner.queue.is_closed() {
         // Taken before shutdown began, not started: as if it were still queued.
         inner.shutdown_item(item);
         return now;

@@ -8,7 +8,12 @@
 //! A timed harness rather than criterion: one run is a whole queue drain against a broker,
 //! not a microsecond loop. Needs the broker (`tests/brokers/rabbitmq.sh start`).
 //!
-//! `cargo bench -p triage-amqp --bench consume` (`BENCH_MESSAGES` overrides the count).
+//! Besides messages/s, each run reports the process's CPU time (user + system, every thread,
+//! lapin's included) per 100,000 messages: the broker shares the machine's two cores, so
+//! throughput alone hides the consumer's own cost.
+//!
+//! `cargo bench -p triage-amqp --bench consume` (`BENCH_MESSAGES` overrides the count,
+//! `BENCH_ROUNDS` the rounds, default 2).
 
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
@@ -24,6 +29,19 @@ use triage::ledger::Disposition;
 use triage::queue::WfqConfig;
 use triage::runtime::{HandlerError, Job, Runtime, RuntimeConfig, Source};
 use triage_amqp::{AmqpMessage, AmqpSource, AmqpSourceConfig};
+
+/// CPU time (user + system) this process has used so far, every thread included (the client
+/// library's own threads are part of a worker's cost), from `/proc/self/stat` (in clock ticks
+/// of 10 ms: about 1% of a run here). `None` off Linux.
+fn cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
 
 const URI: &str = "amqp://127.0.0.1:5672/%2f";
 const PREFETCH: u16 = 1_000;
@@ -157,20 +175,49 @@ fn main() {
             .await
             .expect("declare");
         println!("consume {n} messages of {BODY} B, prefetch {PREFETCH}");
+        let rounds: usize = std::env::var("BENCH_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2);
         let mut rates = Vec::new();
-        for round in 0..2 {
+        let mut cpus = Vec::new();
+        for round in 0..rounds {
             for (name, kind) in [("plain", 0), ("source", 1), ("runtime", 2)] {
                 fill(&ch, &queue, n).await;
+                let cpu_before = cpu_time();
                 let took = match kind {
                     0 => plain(&queue, n).await,
                     1 => source(&queue, n).await,
                     _ => runtime(&queue, n).await,
                 };
+                let cpu = cpu_time()
+                    .zip(cpu_before)
+                    .map(|(after, before)| (after - before).as_secs_f64() * 100_000.0 / n as f64);
                 let rate = n as f64 / took.as_secs_f64();
-                println!("round {round} {name:>8}: {took:>10.3?}  {rate:>9.0} msg/s");
+                let cpu_text = cpu.map_or("n/a".to_owned(), |c| format!("{:.0} ms", c * 1e3));
+                println!(
+                    "round {round} {name:>8}: {took:>10.3?}  {rate:>9.0} msg/s  CPU per 100,000: {cpu_text}"
+                );
                 rates.push((name, rate));
+                if let Some(c) = cpu {
+                    cpus.push((name, c));
+                }
             }
         }
+        let least_cpu = |name: &str| {
+            cpus.iter()
+                .filter(|(n, _)| *n == name)
+                .map(|(_, c)| *c)
+                .fold(f64::INFINITY, f64::min)
+        };
+        println!(
+            "least CPU per 100,000: plain {:.0} ms, source {:.0} ms ({:.2}x), runtime {:.0} ms ({:.2}x)",
+            least_cpu("plain") * 1e3,
+            least_cpu("source") * 1e3,
+            least_cpu("source") / least_cpu("plain"),
+            least_cpu("runtime") * 1e3,
+            least_cpu("runtime") / least_cpu("plain")
+        );
         let best = |name: &str| {
             rates
                 .iter()
