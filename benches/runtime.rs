@@ -1,6 +1,11 @@
 //! The runtime end to end with a no-op handler: 100,000 in-memory messages through the source,
 //! admission, the queue, 8 workers and the ledger, against the same messages through a plain
 //! async-channel worker pool. `cargo bench --bench runtime`; figures in BENCHMARKS.md.
+//!
+//! Before criterion's timing, both pipelines run `BENCH_CPU_RUNS` times each (default 10),
+//! interleaved, and the process's CPU time (user + system, both tokio threads) per 100,000
+//! messages is printed with the median wall time: on a machine shared with other work, wall
+//! time moves with everyone's load, CPU time much less. `BENCH_CPU_ONLY=1` stops there.
 
 use std::time::{Duration, Instant};
 
@@ -69,12 +74,69 @@ async fn plain_run(broker: MemoryBroker<u64>) -> Duration {
     start.elapsed()
 }
 
+/// CPU time (user + system) this process has used so far, every thread included, from
+/// `/proc/self/stat` (clock ticks of 10 ms). `None` off Linux.
+fn cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// Both pipelines `runs` times each, interleaved: CPU time per 100,000 messages (summed over
+/// the runs, so the 10 ms ticks add up to a small error) and the median wall time.
+fn cpu_report(rt: &tokio::runtime::Runtime) {
+    let runs: u32 = std::env::var("BENCH_CPU_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let mut cpu = [Duration::ZERO; 2];
+    let mut wall: [Vec<Duration>; 2] = Default::default();
+    for _ in 0..runs {
+        for (i, w) in wall.iter_mut().enumerate() {
+            let broker = filled();
+            let Some(before) = cpu_time() else {
+                println!("CPU time unavailable (no /proc/self/stat)");
+                return;
+            };
+            let took = if i == 0 {
+                rt.block_on(triage_run(broker))
+            } else {
+                rt.block_on(plain_run(broker))
+            };
+            cpu[i] += cpu_time().unwrap_or(before) - before;
+            w.push(took);
+        }
+    }
+    let median = |w: &mut Vec<Duration>| {
+        w.sort();
+        w[w.len() / 2]
+    };
+    let (t_cpu, p_cpu) = (cpu[0] / runs, cpu[1] / runs);
+    let (t_wall, p_wall) = (median(&mut wall[0]), median(&mut wall[1]));
+    println!(
+        "CPU per 100,000 (mean of {runs}): triage {t_cpu:.1?}, plain {p_cpu:.1?}: plain/triage {:.2}x",
+        p_cpu.as_secs_f64() / t_cpu.as_secs_f64()
+    );
+    println!(
+        "wall per 100,000 (median of {runs}): triage {t_wall:.1?}, plain {p_wall:.1?}: plain/triage {:.2}x",
+        p_wall.as_secs_f64() / t_wall.as_secs_f64()
+    );
+}
+
 fn runtime(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("tokio runtime");
+    cpu_report(&rt);
+    if std::env::var_os("BENCH_CPU_ONLY").is_some() {
+        return;
+    }
     let mut g = c.benchmark_group("runtime_100k_noop");
     g.throughput(Throughput::Elements(MESSAGES));
     g.sample_size(10);

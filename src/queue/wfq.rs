@@ -306,9 +306,22 @@ impl<T> WfqQueue<T> {
         self.changed(&mut st, now);
         drop(st);
         if self.waiters.load(Ordering::Relaxed) > 0 {
-            self.not_empty.notify(1.additional());
+            // Not `additional`: a consumer woken already and not yet back here takes this item
+            // too, and wakes the next one if it leaves any (see `wake_next`), so a stream of
+            // pushes wakes one consumer per turn, not one per item.
+            self.not_empty.notify(1);
         }
         Ok(evicted)
+    }
+
+    /// After a pop that left `left` items: a consumer that is waiting is woken to take them
+    /// (unless one is woken already). With pushes waking one consumer at a time, this chain is
+    /// what lets every waiting consumer join in while items remain.
+    #[inline]
+    fn wake_next(&self, left: usize) {
+        if left > 0 && self.waiters.load(Ordering::Relaxed) > 0 {
+            self.not_empty.notify(1);
+        }
     }
 
     /// The queue's notion of now: recent time when available, else a clock read.
@@ -349,8 +362,10 @@ impl<T> WfqQueue<T> {
             Some(d) => {
                 self.changed(&mut st, now);
                 let pops = st.core.pops();
+                let left = st.core.len();
                 drop(st);
                 self.pops.store(pops, Ordering::Relaxed);
+                self.wake_next(left);
                 if self.full_waiters.load(Ordering::Relaxed) > 0 {
                     self.not_full.notify(1.additional());
                 }
@@ -479,8 +494,10 @@ impl<T> WfqQueue<T> {
         }
         self.changed(&mut st, now);
         let pops = st.core.pops();
+        let left = st.core.len();
         drop(st);
         self.pops.store(pops, Ordering::Relaxed);
+        self.wake_next(left);
         if self.full_waiters.load(Ordering::Relaxed) > 0 {
             self.not_full.notify(n.additional());
         }
