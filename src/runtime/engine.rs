@@ -460,8 +460,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             let cost = self.clock.now().saturating_duration_since(started);
             self.accounts.metrics.reject_cost.record(cost.as_secs_f64());
         }
-        let out = self.refuse(item, r, defer_reason);
-        out
+        self.refuse(item, r, defer_reason)
     }
 
     /// The load level handlers see and held messages are re-offered on: the pull-based shed

@@ -263,7 +263,7 @@ fn take<T: Send + Sync + 'static>(
     let Some(item) = inner.pass_gate(item) else {
         return;
     };
-    held.offer_new(&inner, item);
+    held.offer_new(inner, item);
 }
 
 enum Pulled<T> {
