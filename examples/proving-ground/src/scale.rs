@@ -68,10 +68,12 @@ pub struct ScaleArgs {
     /// Kafka partitions of the topic (and of its defer and dead-letter topics).
     #[arg(long, default_value_t = 6)]
     pub partitions: i32,
-    /// Handler service time, milliseconds. With 8 tasks, 20 ms gives about 400 msg/s per
-    /// process: 3x of three processes is about 3,600 msg/s, plus the deferrals' re-publishes,
-    /// what one broker carries next to six worker processes on two cores.
-    #[arg(long, default_value_t = 20)]
+    /// Handler service time, milliseconds. With 8 tasks, 40 ms gives about 200 msg/s per
+    /// process: 3x of three processes is about 1,800 msg/s, plus the deferrals'
+    /// re-publishes, what one broker carries next to six worker processes on two shared
+    /// cores (at 20 ms, 3,000 msg/s, RabbitMQ fell behind on a machine at load average 20
+    /// and every tier expired).
+    #[arg(long, default_value_t = 40)]
     pub service_ms: u64,
     /// Worker tasks per process (fixed concurrency).
     #[arg(long, default_value_t = 8)]
@@ -430,7 +432,8 @@ fn start_crew(crew: &mut Crew, broker: BrokerKind, processes: usize) {
 }
 
 /// The combined capacity of `args.processes` workers: a backlog of Critical messages without
-/// a useful deadline, served flat out, completions per second over its middle 80 %.
+/// a useful deadline (offered at 4x the estimate for 2 s, faster than they are served),
+/// served flat out, completions per second over its middle 80 %.
 async fn measure_capacity(
     args: &ScaleArgs,
     broker: BrokerKind,
@@ -459,19 +462,23 @@ async fn measure_capacity(
         args.processes,
     )
     .await;
+    // Paced at 4x the estimate for 2 s (8 s of work), not all at once: Kafka's sticky
+    // partitioner puts a burst into one or two partitions, which one process alone would
+    // serve; paced, the batches go round the partitions and every process has a share.
     let backlog = LoadSpec {
         prefix: format!("{run}-cap"),
-        rate: None,
-        duration: Duration::ZERO,
-        count: (estimate * 8.0) as u64,
+        rate: Some(4.0 * estimate),
+        duration: Duration::from_secs(2),
+        count: 0,
         mix: [100, 0, 0, 0],
         windows_ms: [600_000; 4],
         poison_permille: 0,
         layout: Layout::Mixed,
     };
     eprintln!(
-        "  capacity: {} processes serving a backlog of {}",
-        args.processes, backlog.count
+        "  capacity: {} processes serving a backlog produced at {:.0} msg/s for 2 s",
+        args.processes,
+        4.0 * estimate
     );
     let (produced, _) = crate::load::produce(broker, &topic, &backlog).await;
     crate::harness::settle(&produced, &dir, Duration::from_secs(120)).await;
