@@ -531,6 +531,7 @@ fn runtime_refuse(c: &mut Criterion) {
     g.finish();
     let _report = rt.block_on(runtime.shutdown(Duration::from_millis(100)));
     runtime_refuse_rate(c);
+    runtime_refuse_circuit(c);
 }
 
 /// The reject path for reason `rate`: Sheddable's token bucket is empty (one token, a virtual
@@ -589,6 +590,60 @@ fn runtime_refuse_rate(c: &mut Criterion) {
     g.bench_function("backpressure_rate", |b| {
         b.iter_batched(
             || Envelope::new(7u64, Criticality::High, Ack::noop()),
+            |e| black_box(runtime.try_submit(e).is_err()),
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+    let _report = rt.block_on(runtime.shutdown(Duration::from_millis(100)));
+}
+
+/// The reject path for reason `circuit`: every message maps to `payments`, whose circuit is
+/// open, so every offer is the key's lookup (a hash of a borrowed `&str`, an `Arc` clone), one
+/// atomic load and a clock read, then the refusal (Drop: counted, settled `Shed`;
+/// Backpressure: the message handed back as `CircuitOpen`).
+fn runtime_refuse_circuit(c: &mut Criterion) {
+    use triage::admission::BreakerConfig;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let mut g = c.benchmark_group("runtime_refuse");
+    g.throughput(Throughput::Elements(1));
+    let (clock, _mock) = Clock::mock();
+    let runtime = rt.block_on(async {
+        let mut config = RuntimeConfig {
+            workers: 1.try_into().expect("non-zero"),
+            breaker: BreakerConfig {
+                min_calls: 1,
+                ..BreakerConfig::default()
+            },
+            ..RuntimeConfig::default()
+        };
+        config.policy = PerTier::new(
+            RefusalPolicy::Backpressure,
+            RefusalPolicy::Backpressure,
+            RefusalPolicy::Drop,
+            RefusalPolicy::Drop,
+        );
+        let runtime = Runtime::builder(config)
+            .clock(clock)
+            .downstream(|m: &(&'static str, u64)| Some(m.0))
+            .start(|_job: Job<(&'static str, u64)>| async { Ok(()) })
+            .expect("valid config");
+        runtime.breakers().record_failure("payments");
+        runtime
+    });
+    g.bench_function("drop_policy_circuit", |b| {
+        b.iter_batched(
+            || Envelope::new(("payments", 7u64), Criticality::Sheddable, Ack::noop()),
+            |e| black_box(runtime.try_submit(e).is_ok()),
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("backpressure_circuit", |b| {
+        b.iter_batched(
+            || Envelope::new(("payments", 7u64), Criticality::High, Ack::noop()),
             |e| black_box(runtime.try_submit(e).is_err()),
             BatchSize::SmallInput,
         )
