@@ -305,3 +305,36 @@ async fn parked_messages_are_bounded_and_the_source_waits() {
     assert!(report.stats.balances(), "{report}");
     assert_eq!(*order.lock(), (0..100).collect::<Vec<_>>());
 }
+
+/// A backlog is not an overload, in key mode too: a keyed backlog of Medium messages (few
+/// keys, so most of what is pulled waits behind a busy key) on the default refusal policies
+/// is served whole. Pulling far ahead into the key gate used to read as arrival beyond
+/// capacity, raise the shed level and drop Medium (11,283 of 20,000 once on Kafka).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_backlog_on_default_policies_is_not_shed() {
+    let broker = MemoryBroker::new();
+    let (keys, per_key) = (16u64, 400u32);
+    for seq in 0..per_key {
+        for key in 0..keys {
+            broker.publish_keyed((key, seq), Criticality::Medium, None, key);
+        }
+    }
+    broker.close();
+    let c = RuntimeConfig {
+        workers: 8.try_into().unwrap(),
+        ..RuntimeConfig::default()
+    };
+    let mut rt = Runtime::builder(c)
+        .start(move |_job: Job<Msg>| async move {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+            Ok(())
+        })
+        .unwrap();
+    rt.attach(broker.source());
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    let acks = broker.acks();
+    assert_eq!(acks.completed, keys * u64::from(per_key), "{report}");
+    assert_eq!(acks.shed + acks.deferred + acks.expired, 0, "{report}");
+}

@@ -393,6 +393,8 @@ fn show_value(v: &toml::Value) -> String {
 #[derive(Clone)]
 pub struct ConfigHandle {
     target: Arc<dyn Reconfigurable>,
+    // Read only by the SIGHUP task (feature `reload`), which ends with the runtime.
+    #[cfg_attr(not(feature = "reload"), allow(dead_code))]
     stop: tokio_util::sync::CancellationToken,
 }
 

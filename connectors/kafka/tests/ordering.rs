@@ -14,7 +14,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::FutureRecord;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use triage::ordering::OrderingMode;
-use triage::runtime::{HandlerError, Job, RefusalPolicy, RetryConfig, Runtime, RuntimeConfig};
+use triage::runtime::{HandlerError, Job, RetryConfig, Runtime, RuntimeConfig};
 use triage_kafka::{KafkaMessage, KafkaSource, KafkaSourceConfig};
 
 use common::{broker_shared, create_topic, rand_name, BROKERS, HANG_GUARD};
@@ -105,10 +105,9 @@ async fn consume(topic: &str, mode: OrderingMode) -> Outcome {
             max_backoff_ms: 5,
         },
         poll_interval_ms: 1,
-        // The broker is the buffer for every tier: the run is about order, so admission holds
-        // what it refuses rather than shedding it (on a loaded machine pull-based admission
-        // has refused Medium records during the key-mode run's pull bursts).
-        policy: triage::PerTier::splat(RefusalPolicy::Backpressure),
+        // The default refusal policies: a keyed backlog is not an overload, so nothing is
+        // shed (before the intake bounded its look-ahead past parked messages, pull-based
+        // admission read the key-mode run's pull bursts as arrival and shed Medium records).
         ..RuntimeConfig::default()
     };
     let (done, busy, over) = (
