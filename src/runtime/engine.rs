@@ -3,7 +3,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use quanta::{Clock, Instant};
 use tokio_util::sync::CancellationToken;
@@ -606,16 +606,9 @@ impl<T: Send + Sync + 'static> Inner<T> {
         reason: &'static str,
         error: Option<String>,
     ) -> Republish {
-        let deadline = item.deadline.map(|d| {
-            let now = self.clock.now();
-            let wall = SystemTime::now();
-            if d >= now {
-                wall + d.saturating_duration_since(now)
-            } else {
-                wall.checked_sub(now.saturating_duration_since(d))
-                    .unwrap_or(wall)
-            }
-        });
+        let deadline = item
+            .deadline
+            .map(|d| crate::runtime::job::wall_deadline(&self.clock, d));
         Republish {
             criticality: item.original,
             attempt: item.attempt,

@@ -141,17 +141,7 @@ impl<T> Job<T> {
     /// fresh one). Lower it with [`Propagation::lower_to`]; it cannot be raised. See
     /// `triage_kafka::stamp` and `triage_amqp::stamp` for the broker headers.
     pub fn propagation(&self) -> Propagation {
-        let deadline = self.deadline.map(|d| {
-            // The monotonic deadline, moved onto the wall clock the next hop reads.
-            let now = self.clock.now();
-            let wall = SystemTime::now();
-            if d >= now {
-                wall + d.saturating_duration_since(now)
-            } else {
-                wall.checked_sub(now.saturating_duration_since(d))
-                    .unwrap_or(wall)
-            }
-        });
+        let deadline = self.deadline.map(|d| wall_deadline(&self.clock, d));
         Propagation::new(self.criticality, deadline)
     }
 
@@ -299,5 +289,19 @@ impl std::error::Error for HandlerError {
             | HandlerError::Permanent(e)
             | HandlerError::Downstream { error: e, .. } => Some(e.as_ref()),
         }
+    }
+}
+
+/// A monotonic deadline moved onto the wall clock, which the next hop (or a deferred copy's
+/// reader, in another process) reads: now on the wall clock plus the time left, or minus the
+/// time since it passed.
+pub(crate) fn wall_deadline(clock: &Clock, deadline: Instant) -> SystemTime {
+    let now = clock.now();
+    let wall = SystemTime::now();
+    if deadline >= now {
+        wall + deadline.saturating_duration_since(now)
+    } else {
+        wall.checked_sub(now.saturating_duration_since(deadline))
+            .unwrap_or(wall)
     }
 }
