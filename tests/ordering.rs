@@ -338,3 +338,60 @@ async fn a_keyed_backlog_on_default_policies_is_not_shed() {
     assert_eq!(acks.completed, keys * u64::from(per_key), "{report}");
     assert_eq!(acks.shed + acks.deferred + acks.expired, 0, "{report}");
 }
+
+/// A keyed message pulled past its deadline is expired at intake, before the key gate: it
+/// never held its key, so its expiry must not release the key of the earlier message still
+/// running (a user found 8 handlers at once on one key with 10/20/30/40 tiers and short
+/// deadlines, and completions out of order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_message_expired_at_intake_does_not_release_its_key() {
+    let (clock, mock) = triage::quanta::Clock::mock();
+    mock.increment(Duration::from_secs(100));
+    let broker = MemoryBroker::new();
+    let past = clock.now() - Duration::from_secs(1);
+    let live = clock.now() + Duration::from_secs(3600);
+    let mut seq = 0u32;
+    for _ in 0..10 {
+        for deadline in [live, past, past, live] {
+            broker.publish_keyed((0, seq), Criticality::High, Some(deadline), 0);
+            seq += 1;
+        }
+    }
+    broker.close();
+    let order: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let overlapped = Arc::new(AtomicBool::new(false));
+    let (done, run, over) = (
+        Arc::clone(&order),
+        Arc::clone(&running),
+        Arc::clone(&overlapped),
+    );
+    let mut rt = Runtime::builder(config(8, 64))
+        .clock(clock)
+        .start(move |job: Job<Msg>| {
+            let (done, run, over) = (Arc::clone(&done), Arc::clone(&run), Arc::clone(&over));
+            async move {
+                if run.fetch_add(1, Ordering::SeqCst) > 0 {
+                    over.store(true, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                run.fetch_sub(1, Ordering::SeqCst);
+                done.lock().push(job.payload().1);
+                Ok(())
+            }
+        })
+        .unwrap();
+    rt.attach(broker.source());
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    let acks = broker.acks();
+    assert_eq!((acks.completed, acks.expired), (20, 20), "{report}");
+    assert!(
+        !overlapped.load(Ordering::Relaxed),
+        "two handlers ran at once on one key"
+    );
+    let served = order.lock().clone();
+    let expected: Vec<u32> = (0..40).filter(|s| s % 4 == 0 || s % 4 == 3).collect();
+    assert_eq!(served, expected);
+}

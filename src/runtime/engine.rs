@@ -279,6 +279,9 @@ impl<T: Send + Sync + 'static> Inner<T> {
         self.accounts.metrics.tiers[item.original]
             .expired_at_intake
             .increment(1);
+        // Expired before the key gate, it never held its key: settling it must not release
+        // the key of an earlier message of that key still running.
+        item.key = None;
         self.decide(&mut item, Decision::ShedExpired);
         self.expire(item);
     }
