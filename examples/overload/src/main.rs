@@ -83,7 +83,8 @@ Options:
                            127.0.0.1:9898); needs `--features prometheus`
       --quiet              No live line, only the tables
       --config <FILE>      Runtime configuration (TOML, `RuntimeConfig`) for the triage run; its
-                           `workers` and `queue.capacity` replace `--workers` and `--capacity`.
+                           `workers` and `queue.capacity` replace `--workers` and `--capacity`
+                           (a file that sets neither runs with their defaults, 8 and 1,024).
                            With `--features reload`, `kill -HUP <pid>` re-reads it into the
                            running runtime
       --ordering <MODE>    Ordering of the generated messages: `unordered`, `key` (each message
@@ -212,6 +213,26 @@ async fn main() -> ExitCode {
             "error: --factor, --duration-s, --workers, --capacity and --keys must be positive, --service-ms at least 0"
         );
         return ExitCode::from(2);
+    }
+    if !(args.factor.is_finite() && args.duration_s.is_finite() && args.service_ms.is_finite()) {
+        eprintln!("error: --factor, --duration-s and --service-ms must be finite numbers");
+        return ExitCode::from(2);
+    }
+    // The runtime's own ranges (workers, queue capacity), checked before the capacity probe
+    // starts that many workers, so a bad value is an error naming the field, not a panic.
+    if let (Some(workers), Some(capacity)) = (
+        std::num::NonZeroUsize::new(args.workers),
+        std::num::NonZeroUsize::new(args.capacity),
+    ) {
+        let mut probe = triage::runtime::RuntimeConfig {
+            workers,
+            ..triage::runtime::RuntimeConfig::default()
+        };
+        probe.queue.capacity = capacity;
+        if let Err(e) = probe.validate() {
+            eprintln!("error: --workers/--capacity: {e}");
+            return ExitCode::from(2);
+        }
     }
     if args.failing_downstream {
         if !(args.service_ms > 0.0
