@@ -181,6 +181,20 @@ fn remaining_at(head: &Parts, now: impl FnOnce() -> SystemTime) -> Option<Durati
         .and_then(|v| wire::parse_grpc_timeout(v.as_bytes()))
 }
 
+/// Whether a deadline header is present but does not parse (the tier's window then applies,
+/// and the layer counts the request).
+pub(crate) fn deadline_malformed(head: &Parts) -> bool {
+    let deadline_ms = head
+        .headers
+        .get(names::DEADLINE_MS)
+        .is_some_and(|v| wire::parse_deadline_ms(v.as_bytes()).is_none());
+    let grpc_timeout = head
+        .headers
+        .get(names::GRPC_TIMEOUT)
+        .is_some_and(|v| wire::parse_grpc_timeout(v.as_bytes()).is_none());
+    deadline_ms || grpc_timeout
+}
+
 /// Whether the request is a gRPC call (its refusals are answered with a gRPC status).
 pub(crate) fn is_grpc(head: &Parts) -> bool {
     head.headers
@@ -195,6 +209,24 @@ mod tests {
 
     fn head(req: http::request::Builder) -> Parts {
         req.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn a_deadline_header_that_does_not_parse_is_malformed() {
+        for bad in ["abc", "-5", "99999999999999999999999"] {
+            let h = head(http::Request::get("/").header(wire::DEADLINE_MS, bad));
+            assert!(deadline_malformed(&h), "{bad}");
+            assert_eq!(remaining_at(&h, SystemTime::now), None, "{bad}");
+        }
+        let h = head(http::Request::get("/").header(wire::GRPC_TIMEOUT, "xyz"));
+        assert!(deadline_malformed(&h));
+        let fine = head(
+            http::Request::get("/")
+                .header(wire::DEADLINE_MS, "1000250")
+                .header(wire::GRPC_TIMEOUT, "100m"),
+        );
+        assert!(!deadline_malformed(&fine));
+        assert!(!deadline_malformed(&head(http::Request::get("/"))));
     }
 
     #[test]

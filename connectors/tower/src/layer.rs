@@ -265,6 +265,9 @@ pub struct LayerStats {
     pub refused: PerTier<[u64; 4]>,
     /// Requests given the default tier.
     pub unclassified: u64,
+    /// Requests whose deadline header (`triage-deadline-ms`, `grpc-timeout`) did not parse;
+    /// they were given the tier's window.
+    pub malformed_deadline: u64,
     /// Requests on never-shed paths.
     pub never_shed: u64,
 }
@@ -282,6 +285,7 @@ pub(crate) struct Counts {
     goodput: [AtomicU64; 4],
     refused: [[AtomicU64; 4]; 4],
     unclassified: AtomicU64,
+    malformed_deadline: AtomicU64,
     never_shed: AtomicU64,
 }
 
@@ -293,6 +297,7 @@ impl Counts {
             goodput: PerTier::from_fn(|t| load(&self.goodput[t.rank()])),
             refused: PerTier::from_fn(|t| self.refused[t.rank()].each_ref().map(load)),
             unclassified: load(&self.unclassified),
+            malformed_deadline: load(&self.malformed_deadline),
             never_shed: load(&self.never_shed),
         }
     }
@@ -347,6 +352,12 @@ impl Shared {
         let id = (self.id_of)(head).map(|id| self.reappearance.hash(id));
         if let Some(id) = id {
             self.reappearance.arrived(id);
+        }
+        if classify::deadline_malformed(head) {
+            self.counts
+                .malformed_deadline
+                .fetch_add(1, Ordering::Relaxed);
+            self.metrics.malformed_deadline.increment(1);
         }
         let window = classify::remaining(head).unwrap_or(self.config.tier_window[tier]);
         Decided {

@@ -15,6 +15,9 @@ pub const GOODPUT: &str = "triage_http_goodput_total";
 /// Requests that got the default tier because nothing classified them, or a trusted header
 /// named an unknown tier.
 pub const UNCLASSIFIED: &str = "triage_http_unclassified_total";
+/// Requests whose `triage-deadline-ms` or `grpc-timeout` header did not parse: served under
+/// the tier's window, and counted here so a misbehaving client shows.
+pub const MALFORMED_DEADLINE: &str = "triage_http_malformed_deadline_total";
 /// Requests on a never-shed path (health, readiness, metrics), served without a slot.
 pub const NEVER_SHED: &str = "triage_http_never_shed_total";
 /// From the layer's entry to the inner service's response, served requests, by `tier`, in
@@ -32,6 +35,10 @@ pub const REAPPEARED: &str = "triage_http_reappeared_total";
 pub const REAPPEARANCE_RATIO: &str = "triage_http_reappearance_ratio";
 
 pub(crate) fn describe() {
+    metrics::describe_counter!(
+        MALFORMED_DEADLINE,
+        "Requests whose triage-deadline-ms or grpc-timeout header did not parse (served under the tier's window)."
+    );
     metrics::describe_counter!(
         REQUESTS,
         "HTTP/gRPC requests admitted or refused by triage, by tier and outcome."
@@ -82,6 +89,7 @@ pub(crate) struct Handles {
     pub(crate) served_seconds: [Histogram; 4],
     pub(crate) refused_seconds: [Histogram; 4],
     pub(crate) unclassified: Counter,
+    pub(crate) malformed_deadline: Counter,
     pub(crate) never_shed: Counter,
 }
 
@@ -108,6 +116,7 @@ impl Handles {
                 |t| metrics::histogram!(REFUSED_SECONDS, "tier" => t.as_str()),
             ),
             unclassified: metrics::counter!(UNCLASSIFIED),
+            malformed_deadline: metrics::counter!(MALFORMED_DEADLINE),
             never_shed: metrics::counter!(NEVER_SHED),
         }
     }
