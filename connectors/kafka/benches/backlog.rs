@@ -17,14 +17,13 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use futures_util::StreamExt;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::Message;
 use triage::runtime::{HandlerError, Job, Runtime, RuntimeConfig};
 use triage_kafka::{KafkaMessage, KafkaSource, KafkaSourceConfig};
+
+mod common;
 
 const BROKERS: &str = "127.0.0.1:9092";
 const RECORDS: u64 = 20_000;
@@ -42,36 +41,8 @@ async fn handle(payload: Option<&[u8]>) {
 }
 
 async fn prepare(topic: &str) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", BROKERS)
-        .create()
-        .expect("admin client");
-    let _ = admin
-        .create_topics(
-            [&NewTopic::new(topic, 1, TopicReplication::Fixed(1))],
-            &AdminOptions::new(),
-        )
-        .await
-        .expect("create topic");
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", BROKERS)
-        .set("linger.ms", "5")
-        .create()
-        .expect("producer");
-    let payload = vec![b'x'; 100];
-    let mut pending = futures_util::stream::FuturesUnordered::new();
-    // No headers: every record is of the default tier, Medium.
-    for i in 0..RECORDS {
-        let key = i.to_string();
-        let delivery = producer
-            .send_result(FutureRecord::to(topic).key(&key).payload(&payload))
-            .map_err(|(e, _)| e)
-            .expect("enqueued");
-        pending.push(delivery);
-    }
-    while let Some(r) = pending.next().await {
-        let _ = r.expect("delivery report").expect("delivered");
-    }
+    let records = (0..RECORDS).map(|i| (i.to_string(), vec![b'x'; 100]));
+    common::produce(BROKERS, topic, 1, records).await;
 }
 
 async fn plain(topic: &str) -> Duration {

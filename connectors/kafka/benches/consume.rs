@@ -17,12 +17,8 @@
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use futures_util::StreamExt;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::Message;
 use triage::admission::QueueAgeConfig;
 use triage::runtime::{HandlerError, Job, RefusalPolicy, Runtime, RuntimeConfig};
@@ -42,6 +38,8 @@ fn cpu_time() -> Option<Duration> {
     Some(Duration::from_millis(ticks * 10))
 }
 
+mod common;
+
 const BROKERS: &str = "127.0.0.1:9092";
 const RECORDS: u64 = 50_000;
 
@@ -50,41 +48,8 @@ fn group() -> String {
 }
 
 async fn prepare(topic: &str) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", BROKERS)
-        .create()
-        .expect("admin client");
-    let _ = admin
-        .create_topics(
-            [&NewTopic::new(topic, 1, TopicReplication::Fixed(1))],
-            &AdminOptions::new(),
-        )
-        .await
-        .expect("create topic");
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", BROKERS)
-        .set("linger.ms", "5")
-        .create()
-        .expect("producer");
-    let payload = vec![b'x'; 100];
-    let mut pending = futures_util::stream::FuturesUnordered::new();
-    for i in 0..RECORDS {
-        let key = i.to_string();
-        // `send_result` returns an owned delivery future, so many can be in flight.
-        let delivery = producer
-            .send_result(FutureRecord::to(topic).key(&key).payload(&payload))
-            .map_err(|(e, _)| e)
-            .expect("enqueued");
-        pending.push(delivery);
-        if pending.len() >= 10_000 {
-            while let Some(r) = pending.next().await {
-                let _ = r.expect("delivery report").expect("delivered");
-            }
-        }
-    }
-    while let Some(r) = pending.next().await {
-        let _ = r.expect("delivery report").expect("delivered");
-    }
+    let records = (0..RECORDS).map(|i| (i.to_string(), vec![b'x'; 100]));
+    common::produce(BROKERS, topic, 1, records).await;
 }
 
 async fn plain(topic: &str) -> Duration {

@@ -12,15 +12,12 @@
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use futures_util::StreamExt;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use triage::ordering::OrderingMode;
 use triage::runtime::{HandlerError, Job, RefusalPolicy, Runtime, RuntimeConfig};
 use triage::PerTier;
 use triage_kafka::{KafkaMessage, KafkaSource, KafkaSourceConfig};
+
+mod common;
 
 const BROKERS: &str = "127.0.0.1:9092";
 const KEYS: u64 = 100;
@@ -29,41 +26,10 @@ const RECORDS: u64 = KEYS * PER_KEY;
 const PARTITIONS: i32 = 4;
 
 async fn prepare(topic: &str) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", BROKERS)
-        .create()
-        .expect("admin client");
-    let _ = admin
-        .create_topics(
-            [&NewTopic::new(
-                topic,
-                PARTITIONS,
-                TopicReplication::Fixed(1),
-            )],
-            &AdminOptions::new(),
-        )
-        .await
-        .expect("create topic");
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", BROKERS)
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .create()
-        .expect("producer");
-    let mut pending = futures_util::stream::FuturesUnordered::new();
-    for seq in 0..PER_KEY {
-        for key in 0..KEYS {
-            let (k, payload) = (format!("k{key}"), format!("{key}:{seq}"));
-            let delivery = producer
-                .send_result(FutureRecord::to(topic).key(&k).payload(&payload))
-                .map_err(|(e, _)| e)
-                .expect("enqueued");
-            pending.push(delivery);
-        }
-    }
-    while let Some(r) = pending.next().await {
-        let _ = r.expect("delivery report").expect("delivered");
-    }
+    let records = (0..PER_KEY).flat_map(|seq| {
+        (0..KEYS).map(move |key| (format!("k{key}"), format!("{key}:{seq}").into_bytes()))
+    });
+    common::produce(BROKERS, topic, PARTITIONS, records).await;
 }
 
 async fn run(topic: &str, mode: OrderingMode) -> Duration {

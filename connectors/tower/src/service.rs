@@ -15,7 +15,7 @@ use triage::limit::Permit;
 use triage::quanta::Instant;
 use triage::Criticality;
 
-use crate::layer::Shared;
+use crate::layer::{Decided, Shared};
 use crate::RefusalReason;
 
 /// The response body of a [`TriageService`]: the inner service's body when served, a short
@@ -59,6 +59,18 @@ struct Slot {
 }
 
 impl Slot {
+    /// The slot of a request granted `permit` now.
+    fn new(permit: Permit, d: &Decided, shared: &Arc<Shared>) -> Self {
+        Slot {
+            permit,
+            granted: shared.clock.now(),
+            tier: d.tier,
+            deadline: d.deadline,
+            started: d.started,
+            shared: Arc::clone(shared),
+        }
+    }
+
     fn finish(self) {
         let latency = self
             .shared
@@ -170,14 +182,7 @@ where
         }
         if let Some(permit) = shared.admission.try_now(d.tier) {
             head.extensions.insert(d.tier);
-            let slot = Slot {
-                permit,
-                granted: shared.clock.now(),
-                tier: d.tier,
-                deadline: d.deadline,
-                started: d.started,
-                shared: Arc::clone(shared),
-            };
+            let slot = Slot::new(permit, &d, shared);
             return ResponseFuture {
                 kind: Kind::Served {
                     fut: self.inner.call(Request::from_parts(head, body)),
@@ -199,14 +204,7 @@ where
                     match wait.await {
                         Ok(permit) => {
                             head.extensions.insert(d.tier);
-                            let slot = Slot {
-                                permit,
-                                granted: shared.clock.now(),
-                                tier: d.tier,
-                                deadline: d.deadline,
-                                started: d.started,
-                                shared: Arc::clone(&shared),
-                            };
+                            let slot = Slot::new(permit, &d, &shared);
                             let out = inner.call(Request::from_parts(head, body)).await;
                             slot.finish();
                             out.map(|r| r.map(Either::Left))
