@@ -252,8 +252,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{line}");
     }
     println!(
-        "unclassified {}, never shed {}",
-        stats.unclassified, stats.never_shed
+        "unclassified {}, malformed deadline header {}, never shed {}",
+        stats.unclassified, stats.malformed_deadline, stats.never_shed
     );
     let r = layer.reappearance().stats();
     println!("retry reappearance (shed ids seen again within the window), per tier:");
