@@ -10,7 +10,10 @@
 //!   trend, not a deep internal queue. A backlog with time left on its deadlines is served in
 //!   order; what is past its deadline is expired at intake, from headers alone; lower tiers are
 //!   refused (deferred, dropped or held, per their policy) only while the arrival rate exceeds
-//!   the capacity, to reach the more important work behind them. See its docs for the why.
+//!   the capacity and either the backlog would make the lowest admitted tier miss its
+//!   deadlines or the excess is sustained: to reach the more important work behind them in
+//!   time, or to absorb arrival the workers cannot serve. A burst that clears in time is not an
+//!   overload. See its docs for the why.
 //! - **Pushed messages** (`Runtime::try_submit`, an HTTP entry) are admitted by queue age,
 //!   below: there the queue's age is the wait of callers at the door.
 //!

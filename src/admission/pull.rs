@@ -23,10 +23,20 @@ pub struct PullSample {
     pub busy: Duration,
     /// The concurrency limit now, in handlers.
     pub limit: usize,
+    /// Messages pulled and waiting inside the runtime now (queued, or held under
+    /// backpressure), a count: work ahead of whatever is pulled next.
+    pub waiting: u64,
+    /// Messages pulled with a deadline since start (drains excluded), per tier, indexed by
+    /// [`Criticality::rank`]: the messages summed in `slack`.
+    pub with_deadline: [u64; 4],
+    /// Sum of the deadline slack at intake of those messages since start, per tier: for each,
+    /// its deadline minus the moment it was pulled (zero for one already past it).
+    pub slack: [Duration; 4],
 }
 
 /// Decides which tiers a pull-based consumer refuses, from the arrival rate it infers from the
-/// broker's lag and the service capacity it measures.
+/// broker's lag, the service capacity it measures and the deadline slack its messages arrive
+/// with.
 ///
 /// # Why not queue age
 ///
@@ -34,41 +44,74 @@ pub struct PullSample {
 /// the people at the door. A consumer pulls: the broker is the buffer, and the age of the
 /// runtime's own queue says how eagerly the intake pulled, not whether the worker is
 /// overloaded. After a deploy with lag, every consumer has a backlog; serving it in order is
-/// right, deferring it doubles broker I/O and demotes work for nothing. So for a pull-based
-/// source, in the terms of `DESIGN.md`:
+/// right, deferring it doubles broker I/O and demotes work for nothing.
+///
+/// # A backlog is not an overload
+///
+/// Overload, in `DESIGN.md`'s words, is *arrival beyond capacity, or work that would miss its
+/// deadline*. A tier is refused only on evidence of the first that the second confirms, in
+/// these terms:
 ///
 /// - **Arrival rate** `A` = rate of pulling + trend of the lag (`d lag / dt`), over a sliding
-///   window (`window_ms`). A backlog being served has a falling lag: `A` is the rate of new
-///   records only, whatever the backlog's size.
+///   window (`window_ms`): the lower of the estimates over its two halves, so a step in the
+///   lag that is not arrival (a source's first measurement, partitions assigned in a
+///   rebalance) lands in one half only. A backlog being served has a falling lag: `A` is the
+///   rate of new records only, whatever the backlog's size. Each tier's share of `A` comes
+///   from what was pulled; a tier that is not pulled because it is shed and paused (a topic
+///   per tier) keeps its last measured rate, and its arrival still shows in the lag.
 /// - **Capacity** `C` = concurrency limit / mean handler run time over the same window: the
 ///   completions per second the workers could sustain (Little's law), measured even when they
 ///   are not saturated.
-/// - **Overload** is `A > overload_ratio × C` (default 1.05: a worker offered exactly its
-///   capacity sheds nothing). Then the highest tiers whose combined arrival fits `headroom × C`
-///   (default 0.95) are admitted and the rest are refused, from Sheddable up: the *shed level*,
-///   a bottom prefix of the ladder as with queue age. Each tier's share of the arrival comes
-///   from what was pulled; a tier that is not pulled because it is shed and paused (a topic
-///   per tier) keeps its last measured rate, and its arrival still shows in the lag.
-///   Critical is never refused by this rule.
-/// - **Recovery** is bottom-up: once the arrival with more tiers admitted has fitted
-///   `headroom × C` for `recover_ms`, the level falls to the lowest that fits (the most
-///   important refused tier first, Sheddable last). A raise needs the admitted tiers to exceed
-///   `overload_ratio × C`, a re-admission needs them to fit `headroom × C`: the gap between
-///   the two is the hysteresis.
+/// - **Rate excess**: the arrival of the tiers admitted now exceeds `overload_ratio × C`
+///   (default 1.05). Necessary for any refusal, never sufficient: over one second, arrival
+///   that reaches the broker in bursts (a producer or a broker that stalls, then catches up:
+///   common on a loaded machine) and a capacity that dips for a moment (a worker descheduled)
+///   both look like it, at 0.8x and at 1x.
+/// - **Predicted deadline miss**: the *sojourn* the next messages face is the time to clear
+///   the work ahead of them at capacity, `wait = (lag × admitted share + waiting) / C`. The
+///   *deadline slack* the lowest admitted tier arrives with is measured at intake (mean of
+///   deadline − moment of pulling, over the window, for that tier's messages with a deadline;
+///   the last measured value while none are pulled). A miss is predicted when
+///   `wait > slack`: the backlog would not clear before that tier's messages run out of time.
+///   The comparison is deliberately early (the slack at intake already lost the broker wait
+///   of the messages pulled so far, and `wait` counts the whole backlog again): at a steady
+///   lag `L` it fires once `2 L / C` exceeds the tier's window, so the refusal comes while
+///   the more important tiers behind still have time. A tier with no deadline predicts no
+///   miss.
+/// - **Sustained excess**: the rate excess holds over the longer window too (`sustained_ms`,
+///   default 3 s, arrival and capacity both measured over it) and the backlog (`lag +
+///   waiting`) grew over it by at least `(overload_ratio − 1) × C` per second. Bursts average
+///   out over it; a worker at 1x whose lag stays flat is not overloaded whatever its
+///   capacity estimate does; sustained arrival beyond capacity is overload even with no
+///   deadline to miss (Critical's and High's records, with the Kafka source's default
+///   windows, have none or hours).
+/// - **Shed level**: on a rate excess confirmed by a predicted miss or by sustained excess,
+///   the highest tiers whose combined arrival fits `headroom × C` (default 0.95) stay
+///   admitted and the rest are refused, from Sheddable up: a bottom prefix of the ladder, as
+///   with queue age. Critical is never refused by this rule.
+/// - **Recovery** is bottom-up: the level falls to the lowest level at which the admitted
+///   arrival fits `headroom × C`, or fits `overload_ratio × C` over both windows with no
+///   miss predicted for its lowest tier, once that has held for `recover_ms`. The gap between
+///   the two ratios is the hysteresis while deadlines are at stake; when they are not (a
+///   worker offered exactly its capacity whose lag stays small), a level raised by a moment's
+///   dip in capacity comes down after `recover_ms` instead of latching for as long as arrival
+///   stays above `headroom × C`.
 ///
 /// What a refused tier's messages then become is its refusal policy's business (defer, drop or
-/// backpressure); what is past its deadline is expired at intake by the runtime, for free,
-/// whatever the level.
+/// backpressure): deferral moves them out of the way so that more important work behind them
+/// in the same partition or queue is reached in time (a predicted miss), or absorbs sustained
+/// arrival beyond capacity. What is past its deadline is expired at intake by the runtime,
+/// for free, whatever the level.
 ///
 /// # Limits
 ///
-/// Arrival that reaches the broker in bursts less than a window apart (a producer or a broker
-/// that stalls, then catches up) looks like overload while two bursts fall in the window: in a
-/// model of 0.88x (640/s against a capacity of 727/s) arriving as 0.8 s of nothing and then
-/// 512 records at once, the second burst raises the level (estimated arrival about 1,000/s),
-/// and the lowest tier is refused for that burst. On the proving ground at a load average of
-/// 17, one 0.8x run deferred 111 Sheddable records this way; the same stalls also delivered
-/// records already past their deadline, which no admission can serve.
+/// A burst whose backlog does not clear inside the lowest admitted tier's slack is refused
+/// while it lasts, even at 0.8x: with Sheddable's window at 400 ms, a stall of half a second
+/// at 1x (a backlog of about 0.5 s of work) predicts a miss and defers the Sheddable records
+/// of the catch-up, and those records would have expired at intake if served in order. The
+/// mean slack is measured over `window_ms`, so a tier whose window suddenly shortens is seen
+/// a window late. Records without a deadline are refused only on sustained excess, at
+/// earliest half a `window_ms` after it starts.
 ///
 /// The state machine is clock-free: feed it [`PullSample`]s.
 ///
@@ -82,7 +125,7 @@ pub struct PullSample {
 /// let mut admission = PullAdmission::new(&PullAdmissionConfig::default());
 /// let ms = Duration::from_millis;
 /// // Eight handlers of 10 ms: capacity 800/s. Records arrive at 2,400/s (mix 10/20/30/40 %),
-/// // the worker pulls 800/s and the lag grows by 1,600/s.
+/// // the worker pulls 800/s and the lag grows by 1,600/s: sustained arrival beyond capacity.
 /// let mut s = PullSample { limit: 8, lag: Some(0), ..PullSample::default() };
 /// for tick in 1..=10u64 {
 ///     s.at = ms(100 * tick);
@@ -115,10 +158,23 @@ pub struct PullAdmission {
     samples: VecDeque<PullSample>,
     /// Per-tier arrival rates, messages/s, indexed by rank.
     rates: [f64; 4],
+    /// Arrival over `window_ms` (the lower half-window estimate), messages/s.
     arrival: f64,
+    /// Arrival over `sustained_ms`, messages/s.
+    arrival_sustained: f64,
     capacity: Option<f64>,
+    /// Capacity over `sustained_ms`, messages/s.
+    capacity_sustained: Option<f64>,
+    /// Whether the backlog grew over `sustained_ms` at least as fast as a rate excess would.
+    growing: bool,
+    /// Mean deadline slack at intake per tier, seconds (`None`: no message with a deadline
+    /// pulled yet).
+    slack: [Option<f64>; 4],
+    /// The work ahead of the next pulled message, messages: the lag and what the runtime holds.
+    lag: f64,
+    waiting: f64,
     level: u8,
-    /// Since when the arrival has fitted with one more tier admitted.
+    /// Since when the level has been allowed to fall.
     fitting_since: Option<Duration>,
 }
 
@@ -131,7 +187,13 @@ impl PullAdmission {
             samples: VecDeque::new(),
             rates: [0.0; 4],
             arrival: 0.0,
+            arrival_sustained: 0.0,
             capacity: None,
+            capacity_sustained: None,
+            growing: false,
+            slack: [None; 4],
+            lag: 0.0,
+            waiting: 0.0,
             level: 0,
             fitting_since: None,
         }
@@ -145,20 +207,34 @@ impl PullAdmission {
         }
     }
 
+    /// The newest kept sample at least `span` older than `now`, else the oldest kept.
+    fn start_of(&self, now: Duration, span: Duration) -> Option<PullSample> {
+        self.samples
+            .iter()
+            .rev()
+            .find(|s| now.saturating_sub(s.at) >= span)
+            .or_else(|| self.samples.front())
+            .copied()
+    }
+
     /// Feeds a sample and returns the new shed level (tiers with `rank() < level` are refused).
     pub fn observe(&mut self, sample: &PullSample) -> u8 {
         let window = Duration::from_millis(self.config.window_ms);
+        let long = window.max(Duration::from_millis(self.config.sustained_ms));
         self.samples.push_back(*sample);
-        // Keep the newest sample at least `window` old, so the window is always covered.
+        // Keep the newest sample at least `long` old, so both windows are always covered.
         while self.samples.len() > 2
             && self
                 .samples
                 .get(1)
-                .is_some_and(|s| sample.at.saturating_sub(s.at) >= window)
+                .is_some_and(|s| sample.at.saturating_sub(s.at) >= long)
         {
             self.samples.pop_front();
         }
-        let Some(first) = self.samples.front().copied() else {
+        let (Some(first), Some(oldest)) = (
+            self.start_of(sample.at, window),
+            self.start_of(sample.at, long),
+        ) else {
             return self.level;
         };
         let dt = sample.at.saturating_sub(first.at).as_secs_f64();
@@ -172,11 +248,13 @@ impl PullAdmission {
             if !paused {
                 self.rates[rank] = d / dt;
             }
+            // Likewise its slack: the last measured, until its messages are pulled again.
+            let timed = sample.with_deadline[rank].saturating_sub(first.with_deadline[rank]);
+            if timed > 0 {
+                let sum = sample.slack[rank].saturating_sub(first.slack[rank]);
+                self.slack[rank] = Some(sum.as_secs_f64() / timed as f64);
+            }
         }
-        // The arrival over each half of the window, and the lower of the two: a step in the lag
-        // that is not arrival (a source's first measurement, partitions assigned in a
-        // rebalance) lands in one half only, while sustained arrival beyond capacity shows in
-        // both.
         let mid_at = first.at + (sample.at - first.at) / 2;
         let mid = self
             .samples
@@ -188,11 +266,15 @@ impl PullAdmission {
             (Some(a), Some(b)) => a.min(b),
             _ => arrival(&first, sample).unwrap_or(0.0),
         };
-        let served = sample.served.saturating_sub(first.served) as f64;
-        let busy = sample.busy.saturating_sub(first.busy).as_secs_f64();
-        if served > 0.0 && busy > 0.0 {
-            self.capacity = Some(sample.limit.max(1) as f64 * served / busy);
+        self.arrival_sustained = arrival(&oldest, sample).unwrap_or(0.0);
+        if let Some(c) = capacity(&first, sample) {
+            self.capacity = Some(c);
         }
+        if let Some(c) = capacity(&oldest, sample) {
+            self.capacity_sustained = Some(c);
+        }
+        self.lag = sample.lag.unwrap_or(0) as f64;
+        self.waiting = sample.waiting as f64;
         if !self.config.enabled {
             self.level = 0;
             return 0;
@@ -200,21 +282,28 @@ impl PullAdmission {
         let Some(capacity) = self.capacity else {
             return self.level;
         };
-        // The level whose admitted tiers fit `headroom × capacity`: where a raise goes, and how
-        // far a recovery may come down. A raise needs the tiers admitted now to exceed
-        // `overload_ratio × capacity`; a tier re-admitted fits `headroom ×` it, so the two
-        // thresholds do not chase each other.
+        let backlog = |s: &PullSample| s.lag.unwrap_or(0) as f64 + s.waiting as f64;
+        let long_dt = sample.at.saturating_sub(oldest.at).as_secs_f64();
+        let excess_rate = (self.config.overload_ratio - 1.0) * capacity;
+        self.growing = long_dt > 0.0 && backlog(sample) - backlog(&oldest) >= excess_rate * long_dt;
+        // The level whose admitted tiers fit `headroom × capacity`: where a raise goes. A raise
+        // needs the tiers admitted now to exceed `overload_ratio × capacity`, confirmed by a
+        // predicted miss or by sustained excess; a tier re-admitted fits `headroom ×` it (or
+        // `overload_ratio ×` it with nothing at stake), so the two do not chase each other.
         let target = self.fitting_level(capacity * self.config.headroom);
         let admitted = self.arrival * self.admitted_share(self.level);
         // Raise only on a window at least half covered: two samples 100 ms apart say little.
         let covered = dt * 2.0 >= window.as_secs_f64();
-        if covered && admitted > capacity * self.config.overload_ratio && target > self.level {
+        let excess = covered && admitted > capacity * self.config.overload_ratio;
+        let confirmed = self.misses(self.level, capacity) || self.sustained(self.level);
+        let relief = self.relief_level(capacity);
+        if excess && confirmed && target > self.level {
             self.level = target;
             self.fitting_since = None;
-        } else if target < self.level {
+        } else if relief < self.level {
             let since = *self.fitting_since.get_or_insert(sample.at);
             if sample.at.saturating_sub(since) >= Duration::from_millis(self.config.recover_ms) {
-                self.level = target;
+                self.level = relief;
                 self.fitting_since = None;
             }
         } else {
@@ -230,6 +319,50 @@ impl PullAdmission {
             return 1.0;
         }
         self.rates[level as usize..].iter().sum::<f64>() / total
+    }
+
+    /// The time to clear the work ahead of the next pulled message of the tiers admitted at
+    /// `level`, at `capacity`, in seconds.
+    fn wait_at(&self, level: u8, capacity: f64) -> f64 {
+        (self.lag * self.admitted_share(level) + self.waiting) / capacity.max(f64::MIN_POSITIVE)
+    }
+
+    /// Whether, at `level`, the lowest admitted tier is predicted to miss its deadlines: the
+    /// work ahead takes longer to clear than the slack its messages arrive with.
+    fn misses(&self, level: u8, capacity: f64) -> bool {
+        let Some(slack) = self.slack.get(level as usize).copied().flatten() else {
+            return false;
+        };
+        self.wait_at(level, capacity) > slack
+    }
+
+    /// Whether the arrival of the tiers admitted at `level` exceeds `overload_ratio ×`
+    /// capacity over `sustained_ms`, with the backlog growing.
+    fn sustained(&self, level: u8) -> bool {
+        let Some(capacity) = self.capacity_sustained else {
+            return false;
+        };
+        self.growing
+            && self.arrival_sustained * self.admitted_share(level)
+                > capacity * self.config.overload_ratio
+    }
+
+    /// The lowest level below the current one that may be recovered to: its admitted arrival
+    /// fits `headroom × capacity`, or fits `overload_ratio ×` capacity over both windows with no
+    /// miss predicted. The current level when none.
+    fn relief_level(&self, capacity: f64) -> u8 {
+        let ratio = self.config.overload_ratio;
+        let sustained_capacity = self.capacity_sustained.unwrap_or(capacity);
+        (0..self.level)
+            .find(|&level| {
+                let share = self.admitted_share(level);
+                let admitted = self.arrival * share;
+                admitted <= capacity * self.config.headroom
+                    || (admitted <= capacity * ratio
+                        && self.arrival_sustained * share <= sustained_capacity * ratio
+                        && !self.misses(level, capacity))
+            })
+            .unwrap_or(self.level)
     }
 
     /// The smallest shed level (0..=3) whose admitted tiers' arrival fits `budget` messages/s;
@@ -270,6 +403,19 @@ impl PullAdmission {
         self.capacity
     }
 
+    /// The time the work ahead of the next pulled message of the admitted tiers takes to clear
+    /// at the estimated capacity (the predicted sojourn), or `None` before a capacity estimate.
+    pub fn predicted_wait(&self) -> Option<Duration> {
+        let capacity = self.capacity?;
+        Duration::try_from_secs_f64(self.wait_at(self.level, capacity)).ok()
+    }
+
+    /// The mean deadline slack at intake of `tier`'s messages over the last window in which
+    /// any with a deadline were pulled, or `None` if none ever were.
+    pub fn slack(&self, tier: Criticality) -> Option<Duration> {
+        self.slack[tier.rank()].and_then(|s| Duration::try_from_secs_f64(s).ok())
+    }
+
     /// Each tier's share of the arrival, in `0.0..=1.0`, indexed by [`Criticality::rank`].
     pub fn mix(&self) -> [f64; 4] {
         let total: f64 = self.rates.iter().sum();
@@ -278,6 +424,14 @@ impl PullAdmission {
         }
         self.rates.map(|r| r / total)
     }
+}
+
+/// Handler completions per second the workers could sustain between two samples: the limit
+/// over the mean run time; `None` when no handler finished between them.
+fn capacity(from: &PullSample, to: &PullSample) -> Option<f64> {
+    let served = to.served.saturating_sub(from.served) as f64;
+    let busy = to.busy.saturating_sub(from.busy).as_secs_f64();
+    (served > 0.0 && busy > 0.0).then(|| to.limit.max(1) as f64 * served / busy)
 }
 
 /// Messages/s that arrived between two samples: pulled plus the lag's change (pulled only
@@ -413,6 +567,142 @@ mod tests {
             a.observe(&s);
             assert_eq!(a.level(), 0, "tick {tick}: arrival {}", a.arrival_rate());
         }
+    }
+
+    /// Capacity 727/s (8 handlers of 11 ms); 640 records/s (0.88x, mix 10/20/30/40) reach
+    /// the broker as 0.8 s of nothing, then 512 at once (a producer or a broker that stalls
+    /// and catches up). Records are stamped `window` per tier at production; those of a burst
+    /// were produced over the stall. The worker pulls in order at capacity. Returns the
+    /// highest level seen and the number of ticks at a level above 0.
+    fn bursty(windows_ms: [u64; 4], with_deadlines: bool) -> (u8, usize) {
+        let mut a = PullAdmission::new(&PullAdmissionConfig::default());
+        let mut s = PullSample {
+            limit: 8,
+            lag: Some(0),
+            ..PullSample::default()
+        };
+        // Records in the broker, oldest first: (rank, produced at, in ms).
+        let mut broker: VecDeque<(usize, u64)> = VecDeque::new();
+        let (mut highest, mut raised) = (0, 0);
+        let mut carry = 0.0;
+        for tick in 1..=200u64 {
+            let now = tick * 100;
+            if tick % 8 == 0 {
+                // The burst: 512 records produced evenly over the last 800 ms.
+                for i in 0..512u64 {
+                    // Mix 10/20/30/40 %, by rank (Sheddable = 0).
+                    let rank = match i % 10 {
+                        0..=3 => 0,
+                        4..=6 => 1,
+                        7..=8 => 2,
+                        _ => 3,
+                    };
+                    broker.push_back((rank, now - 800 + i * 800 / 512));
+                }
+            }
+            // Pulled and served at 72.7 per 100 ms.
+            carry += 72.7;
+            let n = carry as u64;
+            carry -= n as f64;
+            for _ in 0..n {
+                let Some((rank, produced)) = broker.pop_front() else {
+                    break;
+                };
+                s.pulled[rank] += 1;
+                s.served += 1;
+                s.busy += ms(11);
+                if with_deadlines {
+                    let deadline = produced + windows_ms[3 - rank];
+                    s.with_deadline[rank] += 1;
+                    s.slack[rank] += ms(deadline.saturating_sub(now));
+                }
+            }
+            s.at = ms(now);
+            s.lag = Some(broker.len() as u64);
+            s.waiting = 16.min(broker.len() as u64);
+            let level = a.observe(&s);
+            highest = highest.max(level);
+            raised += usize::from(level > 0);
+        }
+        (highest, raised)
+    }
+
+    #[test]
+    fn bursty_arrival_below_capacity_is_not_overload() {
+        // Every burst clears in 0.7 s; the tiers' windows (10/5/3/2 s) leave time to spare.
+        assert_eq!(bursty([10_000, 5_000, 3_000, 2_000], true), (0, 0));
+        // Without deadlines only sustained excess counts, and 0.88x never is.
+        assert_eq!(bursty([10_000, 5_000, 3_000, 2_000], false), (0, 0));
+    }
+
+    #[test]
+    fn a_burst_that_would_miss_deadlines_makes_room() {
+        // The proving ground's windows (3000/1500/800/400 ms): each burst's Sheddable records
+        // would miss, so Sheddable is refused for the burst, never more, and re-admitted.
+        let (highest, raised) = bursty([3_000, 1_500, 800, 400], true);
+        assert_eq!(highest, 1);
+        assert!(raised > 0 && raised < 200, "{raised} ticks raised");
+    }
+
+    #[test]
+    fn one_x_with_a_dip_in_capacity_does_not_latch() {
+        // 700/s offered to 8 handlers of about 11.4 ms (700/s), pulled as it arrives, the lag
+        // a handful; for 1.5 s the handlers take 12.5 ms (640/s): a rate excess of 1.09 over
+        // the window, with no deadline at stake (Sheddable's slack 390 ms against a wait of
+        // 33 ms) and no backlog growing (the dip is in the estimate: the worker keeps up).
+        let (mut a, mut s) = fresh();
+        let mut levels = Vec::new();
+        for tick in 0..100u64 {
+            s.at += ms(100);
+            let service = if (30..45).contains(&tick) {
+                12.5
+            } else {
+                11.43
+            };
+            for (r, share) in [0.4, 0.3, 0.2, 0.1].iter().enumerate() {
+                s.pulled[r] += (70.0 * share) as u64;
+                s.with_deadline[r] += (70.0 * share) as u64;
+                s.slack[r] += ms([390, 790, 1490, 2990][r]) * (70.0 * share) as u32;
+            }
+            s.served += 70;
+            s.busy += Duration::from_secs_f64(70.0 * service / 1000.0);
+            s.lag = Some(5);
+            s.waiting = 16;
+            levels.push(a.observe(&s));
+        }
+        assert!(levels.iter().all(|l| *l == 0), "{levels:?}");
+    }
+
+    #[test]
+    fn a_raised_level_at_one_x_comes_down_when_nothing_is_at_stake() {
+        // 1.3x for 2 s raises the level (the lag grows: sustained, and Sheddable's 400 ms
+        // would be missed). Then arrival falls to exactly capacity (above 0.95 x it) and the
+        // lag drains to a handful: with nothing at stake the level comes down after
+        // recover_ms, where the rate rule alone kept it up for as long as the 1x lasted.
+        let (mut a, mut s) = fresh();
+        let mut levels = Vec::new();
+        for tick in 0..80u64 {
+            s.at += ms(100);
+            let lag = s.lag.unwrap_or(0);
+            let (rate, pull) = match tick {
+                0..=19 => (104, 80),
+                _ if lag > 5 => (80, 100),
+                _ => (80, 80),
+            };
+            for (r, share) in [0.4, 0.3, 0.2, 0.1].iter().enumerate() {
+                let n = (pull as f64 * share) as u64;
+                s.pulled[r] += n;
+                s.with_deadline[r] += n;
+                s.slack[r] += ms([350, 750, 1450, 2950][r]) * n as u32;
+            }
+            s.served += 80;
+            s.busy += ms(800);
+            s.lag = Some((lag + rate).saturating_sub(pull));
+            s.waiting = 16;
+            levels.push(a.observe(&s));
+        }
+        assert!(levels[..20].contains(&1), "{levels:?}");
+        assert_eq!(levels[60..], [0; 20], "{levels:?}");
     }
 
     #[test]

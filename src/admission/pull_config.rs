@@ -35,16 +35,26 @@ pub struct PullAdmissionConfig {
     /// least the interval at which the sources refresh their lag (Kafka's statistics
     /// interval). Allowed `tick_ms × 2..=600_000`. Default `1000`.
     pub window_ms: u64,
-    /// Overload is declared when the arrival rate exceeds `overload_ratio ×` the measured
-    /// capacity. Above 1 so that a worker offered exactly its capacity (1x) sheds nothing.
+    /// The longer window over which arrival beyond capacity counts as *sustained*, in
+    /// milliseconds. A tier is refused only when the arrival of the admitted tiers exceeds
+    /// `overload_ratio ×` capacity over `window_ms` **and** either the backlog would make the
+    /// lowest admitted tier miss its deadlines, or the excess holds over this window too, with
+    /// the backlog growing over it. Arrival that reaches the broker in bursts (a producer or a
+    /// broker that stalls, then catches up) averages out over it; sustained overload does not.
+    /// A value below `window_ms` acts as `window_ms`. Allowed `tick_ms × 2..=600_000`.
+    /// Default `3000`.
+    pub sustained_ms: u64,
+    /// Arrival beyond capacity is arrival above `overload_ratio ×` the measured capacity. Above
+    /// 1 so that a worker offered exactly its capacity (1x) sheds nothing.
     /// Allowed `1.0..=10.0`. Default `1.05`.
     pub overload_ratio: f64,
     /// While overloaded, the highest tiers are admitted whose combined arrival rate fits
     /// within `headroom ×` capacity; the rest, from Sheddable up, are refused (Critical never is).
     /// Allowed `0.5..=1.0`. Default `0.95`.
     pub headroom: f64,
-    /// Shed tiers are re-admitted (bottom-up: the most important first) once the arrival rate
-    /// has fitted `overload_ratio ×` capacity with them admitted for this long, in
+    /// Shed tiers are re-admitted (bottom-up: the most important first) once, with them
+    /// admitted, the arrival has fitted `headroom ×` capacity, or has fitted `overload_ratio ×`
+    /// capacity over both windows with no deadline miss predicted, for this long, in
     /// milliseconds. Allowed `0..=600_000`. Default `500`.
     pub recover_ms: u64,
     /// While not overloaded, the intake pulls only while fewer than `prefetch_per_slot ×` the
@@ -61,6 +71,7 @@ impl Default for PullAdmissionConfig {
             enabled: true,
             tick_ms: 100,
             window_ms: 1000,
+            sustained_ms: 3000,
             overload_ratio: 1.05,
             headroom: 0.95,
             recover_ms: 500,
@@ -92,6 +103,13 @@ impl PullAdmissionConfig {
             return Err(ConfigError::new(
                 "window_ms",
                 self.window_ms,
+                format!("{min_window}..=600000 (at least two ticks)"),
+            ));
+        }
+        if !(min_window..=600_000).contains(&self.sustained_ms) {
+            return Err(ConfigError::new(
+                "sustained_ms",
+                self.sustained_ms,
                 format!("{min_window}..=600000 (at least two ticks)"),
             ));
         }

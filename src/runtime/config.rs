@@ -155,7 +155,8 @@ pub struct RuntimeConfig {
     /// Pulled messages are admitted by `admission` instead. See [`WfqConfig`].
     pub queue: WfqConfig,
     /// Admission of pulled messages: overload is arrival beyond capacity (the broker's lag
-    /// trend against the measured capacity), not a deep queue. See [`PullAdmissionConfig`].
+    /// trend against the measured capacity) that would make work miss its deadline or is
+    /// sustained, not a deep queue. See [`PullAdmissionConfig`].
     pub admission: PullAdmissionConfig,
     /// Circuit breakers per downstream key: messages bound for a downstream whose circuit is
     /// open are refused at admission (reason `circuit`) and go to their tier's refusal policy,

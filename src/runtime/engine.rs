@@ -108,6 +108,10 @@ pub(crate) struct Inner<T> {
     pub(crate) shed_level: AtomicU8,
     /// Messages pulled from non-drain sources, per tier rank: the arrival mix.
     pub(crate) pulled: [AtomicU64; 4],
+    /// Of those, the ones with a deadline, and the sum of their deadline slack at intake in µs (each at most `u32::MAX`),
+    /// per tier rank: what pull-based admission predicts deadline misses from.
+    pub(crate) pulled_with_deadline: [AtomicU64; 4],
+    pub(crate) slack_us: [AtomicU64; 4],
     /// Handler runs finished, and their summed run time in ns: the capacity estimate.
     pub(crate) served: AtomicU64,
     pub(crate) busy_ns: AtomicU64,
@@ -1053,6 +1057,14 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 served: self.served.load(Ordering::Relaxed),
                 busy: Duration::from_nanos(self.busy_ns.load(Ordering::Relaxed)),
                 limit: self.limit.limit(),
+                waiting: (self.queue.len() as u64)
+                    .saturating_add(self.held.load(Ordering::Relaxed).max(0) as u64),
+                with_deadline: std::array::from_fn(|r| {
+                    self.pulled_with_deadline[r].load(Ordering::Relaxed)
+                }),
+                slack: std::array::from_fn(|r| {
+                    Duration::from_micros(self.slack_us[r].load(Ordering::Relaxed))
+                }),
             };
             let level = pull.observe(&sample);
             self.sample_toolbox();
@@ -1061,6 +1073,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 arrival = pull.arrival_rate(),
                 capacity = pull.capacity(),
                 lag = sample.lag,
+                wait = ?pull.predicted_wait(),
                 "pull-based admission tick"
             );
             self.shed_level.store(level, Ordering::Relaxed);

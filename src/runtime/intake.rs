@@ -268,11 +268,22 @@ fn take<T: Send + Sync + 'static>(
     let tier = envelope.criticality;
     let mut item = Item::consumed(envelope, &inner.accounts);
     inner.map_downstream(&mut item);
+    let now = inner.clock.recent();
     if mode == Mode::Normal {
         inner.pulled[tier.rank()].fetch_add(1, Ordering::Relaxed);
+        // The deadline slack it arrives with: what admission predicts deadline misses from.
+        // In µs, at most `u32::MAX` (71 minutes) each, so the sum lasts 4 billion messages.
+        if let Some(deadline) = item.deadline {
+            let slack = deadline.saturating_duration_since(now).as_micros();
+            inner.pulled_with_deadline[tier.rank()].fetch_add(1, Ordering::Relaxed);
+            inner.slack_us[tier.rank()].fetch_add(
+                u64::try_from(slack).map_or(u64::from(u32::MAX), |s| s.min(u64::from(u32::MAX))),
+                Ordering::Relaxed,
+            );
+        }
     }
     // Past its deadline already: expired from its headers alone, before any queueing.
-    if item.deadline.is_some_and(|d| d <= inner.clock.recent()) {
+    if item.deadline.is_some_and(|d| d <= now) {
         inner.expire_at_intake(item);
         return;
     }

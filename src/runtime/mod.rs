@@ -294,6 +294,8 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             dead_letter_logged_at: AtomicU64::new(u64::MAX),
             shed_level: Default::default(),
             pulled: Default::default(),
+            pulled_with_deadline: Default::default(),
+            slack_us: Default::default(),
             served: AtomicU64::new(0),
             busy_ns: AtomicU64::new(0),
             lags: parking_lot::Mutex::new(Vec::new()),
