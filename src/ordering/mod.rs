@@ -173,6 +173,10 @@ impl OrderingConfig {
     /// is a 64-bit hash: two different keys that collide are merely ordered together (never
     /// run at once), which costs parallelism, not correctness.
     pub fn key_of(&self, stream: impl Hash, key: Option<&[u8]>) -> Option<u64> {
+        // Unordered (the default) hashes nothing: this runs for every consumed message.
+        if self.mode == OrderingMode::Unordered {
+            return None;
+        }
         let mut h = std::collections::hash_map::DefaultHasher::new();
         stream.hash(&mut h);
         match (self.mode, key, self.null_key) {

@@ -1,8 +1,9 @@
 //! Every metric this crate records, through the [`metrics`] facade.
 //!
 //! One module names them all so a dashboard can be written from this page. Counters only
-//! increase. None is recorded per message on the reject path; the per-message ones
-//! ([`UNCLASSIFIED_TOTAL`], [`STALE_ACKS_TOTAL`]) are one counter increment each.
+//! increase. None is recorded per message on the reject path; [`UNCLASSIFIED_TOTAL`] is
+//! incremented once per batch of consumed records (by the batch's count), [`STALE_ACKS_TOTAL`]
+//! once per stale disposition.
 //!
 //! | name | kind | labels | meaning |
 //! | --- | --- | --- | --- |
@@ -136,8 +137,9 @@ pub(crate) fn commit(trigger: CommitTrigger, ok: bool) {
     counter!(name, "trigger" => trigger.as_str()).increment(1);
 }
 
-pub(crate) fn unclassified(reason: UnclassifiedReason) {
-    counter!(UNCLASSIFIED_TOTAL, "reason" => reason.as_str()).increment(1);
+/// `n` messages fell back for `reason` (counted per batch of records, not per record).
+pub(crate) fn unclassified(reason: UnclassifiedReason, n: u64) {
+    counter!(UNCLASSIFIED_TOTAL, "reason" => reason.as_str()).increment(n);
 }
 
 pub(crate) fn rebalance(kind: &'static str) {
@@ -181,7 +183,7 @@ mod tests {
             committed("t", 0, 1);
             commit(CommitTrigger::Interval, true);
             commit(CommitTrigger::Revoke, false);
-            unclassified(UnclassifiedReason::Missing);
+            unclassified(UnclassifiedReason::Missing, 1);
             rebalance("assign");
             stale_ack();
             pause("runtime");

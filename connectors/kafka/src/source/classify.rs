@@ -257,15 +257,34 @@ fn parse_unix_ms(bytes: &[u8]) -> Option<i64> {
     i64::try_from(at.duration_since(UNIX_EPOCH).ok()?.as_millis()).ok()
 }
 
-/// The instant on `clock` matching wall-clock `deadline_ms` (Unix milliseconds): `now +
-/// (deadline - wall now)`. A deadline already passed maps to `now` (expired at the first
-/// look); one too far to represent maps to `None` (never expires).
-pub(crate) fn deadline_instant(clock: &Clock, deadline_ms: i64) -> Option<Instant> {
-    let now = clock.now();
-    let target = UNIX_EPOCH + Duration::from_millis(u64::try_from(deadline_ms).unwrap_or(0));
-    match target.duration_since(SystemTime::now()) {
-        Ok(ahead) => now.checked_add(ahead),
-        Err(_) => Some(now),
+/// One reading of the monotonic clock and the wall clock together: maps wall-clock deadlines
+/// onto the clock's instants. Read once per batch of records, not per record: the two clocks
+/// advance together, so the mapping does not depend on when it was read (only on the wall
+/// clock being stepped meanwhile, as any reading does).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Anchor {
+    now: Instant,
+    wall: SystemTime,
+}
+
+impl Anchor {
+    /// Reads both clocks.
+    pub(crate) fn read(clock: &Clock) -> Self {
+        Anchor {
+            now: clock.now(),
+            wall: SystemTime::now(),
+        }
+    }
+
+    /// The instant on the clock matching wall-clock `deadline_ms` (Unix milliseconds): `now +
+    /// (deadline - wall now)`. A deadline already passed maps to `now` (expired at the first
+    /// look); one too far to represent maps to `None` (never expires).
+    pub(crate) fn deadline(&self, deadline_ms: i64) -> Option<Instant> {
+        let target = UNIX_EPOCH + Duration::from_millis(u64::try_from(deadline_ms).unwrap_or(0));
+        match target.duration_since(self.wall) {
+            Ok(ahead) => self.now.checked_add(ahead),
+            Err(_) => Some(self.now),
+        }
     }
 }
 
@@ -416,15 +435,16 @@ mod tests {
     fn deadline_instants_saturate() {
         let (clock, _mock) = Clock::mock();
         let now = clock.now();
-        assert_eq!(deadline_instant(&clock, 0), Some(now));
-        assert_eq!(deadline_instant(&clock, -1), Some(now));
-        let far = deadline_instant(&clock, i64::MAX);
+        let anchor = Anchor::read(&clock);
+        assert_eq!(anchor.deadline(0), Some(now));
+        assert_eq!(anchor.deadline(-1), Some(now));
+        let far = anchor.deadline(i64::MAX);
         assert!(far.is_none() || far > Some(now));
         let wall = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap()
             .as_millis() as i64;
-        let soon = deadline_instant(&clock, wall + 60_000).unwrap();
+        let soon = anchor.deadline(wall + 60_000).unwrap();
         let ahead = soon.duration_since(now);
         assert!(ahead <= Duration::from_secs(60) && ahead >= Duration::from_secs(50));
     }

@@ -82,7 +82,9 @@ pub struct KafkaSourceConfig {
     /// lag's trend over that window.
     pub lag_interval_ms: u64,
     /// Messages consumed ahead of the runtime: the hand-off buffer's capacity. Default 1000;
-    /// allowed `1..=1_000_000`. librdkafka's own prefetch is bounded in bytes by
+    /// allowed `1..=1_000_000`. Records are handed over in batches of at most 64, so the
+    /// buffer holds up to this many rounded up to whole batches, plus the batch the source is
+    /// handing out. librdkafka's own prefetch is bounded in bytes by
     /// `queued_max_messages_kbytes`; its `queued.min.messages` keeps librdkafka's default
     /// (100,000), because tying it to this small buffer made the client fetch in tiny rounds
     /// (measured: 5,000 records/s instead of 39,000 on the consume bench).
@@ -377,8 +379,23 @@ impl KafkaSourceConfig {
         )
     }
 
-    /// The librdkafka consumer properties this configuration stands for.
-    pub(crate) fn client_properties(&self) -> BTreeMap<String, String> {
+    /// The librdkafka consumer properties the source's client is created with: the managed
+    /// ones (auto commit and offset store off, the prefetch bound in KiB and the fetch sizes
+    /// derived from it in bytes, `fetch.queue.backoff.ms = 10`) overlaid with
+    /// [`properties`](Self::properties). For comparing with a plain consumer on the same
+    /// settings, as the consume bench does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use triage_kafka::KafkaSourceConfig;
+    ///
+    /// let config = KafkaSourceConfig::new("127.0.0.1:9092", "billing", ["orders"]);
+    /// let props = config.client_properties();
+    /// assert_eq!(props["enable.auto.commit"], "false");
+    /// assert_eq!(props["fetch.max.bytes"], (16 * 1024 * 1024).to_string());
+    /// ```
+    pub fn client_properties(&self) -> BTreeMap<String, String> {
         let queued_bytes = self.queued_max_messages_kbytes.saturating_mul(1024);
         // librdkafka's default fetch.max.bytes is 50 MiB; a smaller prefetch bound must cap it
         // or memory would follow the fetch size rather than the configured bound.

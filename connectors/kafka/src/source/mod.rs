@@ -35,6 +35,7 @@ mod offsets;
 mod poll;
 mod stats;
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -54,7 +55,7 @@ pub use stats::SourceStats;
 
 use client::ClientFactory;
 use offsets::{KafkaAcks, Offsets};
-use poll::{Control, Delivery, PollLoop};
+use poll::{Batch, Control, Delivery, PollLoop};
 
 /// A [`Source`] over a Kafka consumer group.
 ///
@@ -84,7 +85,9 @@ use poll::{Control, Delivery, PollLoop};
 /// # let _ = run;
 /// ```
 pub struct KafkaSource {
-    rx: mpsc::Receiver<Delivery>,
+    rx: mpsc::Receiver<Batch>,
+    /// The batch being handed out, received whole from the poll thread.
+    batch: VecDeque<Delivery>,
     offsets: Arc<Offsets>,
     control: Arc<Control>,
     done: Option<oneshot::Receiver<()>>,
@@ -233,8 +236,8 @@ impl KafkaSourceBuilder {
             interval: config.commit_interval(),
             requests,
         };
-        let capacity = config.max_prefetch_messages;
-        let (tx, rx) = mpsc::channel(capacity);
+        let (slots, batch) = poll::handoff_shape(config.max_prefetch_messages);
+        let (tx, rx) = mpsc::channel(slots);
         let (done_tx, done) = oneshot::channel();
         let control = Arc::new(Control::default());
         let lag = Arc::new(lag::Lag::default());
@@ -260,7 +263,9 @@ impl KafkaSourceBuilder {
             clock: self.clock.unwrap_or_default(),
             control: Arc::clone(&control),
             tx,
-            capacity,
+            slots,
+            batch,
+            last_stream: offsets::LastStream::default(),
             commit_timeout: config.commit_timeout(),
             done: done_tx,
         };
@@ -286,6 +291,7 @@ impl KafkaSourceBuilder {
             .collect();
         Ok(KafkaSource {
             rx,
+            batch: VecDeque::new(),
             offsets,
             control,
             done: Some(done),
@@ -335,10 +341,19 @@ impl Source for KafkaSource {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: a record is removed from the hand-off channel only when returned.
+    /// Cancel safe: the only await is the receipt of a whole batch from the hand-off
+    /// channel, which is kept before anything else; a record leaves the batch only when
+    /// returned.
     async fn next(&mut self) -> Option<Envelope<KafkaMessage>> {
         loop {
-            let (generation, envelope) = self.rx.recv().await?;
+            let Some((generation, envelope)) = self.batch.pop_front() else {
+                let batch = self.rx.recv().await?;
+                self.control
+                    .queued
+                    .fetch_sub(batch.len(), Ordering::Relaxed);
+                self.batch = batch.into();
+                continue;
+            };
             if self.offsets.is_current(envelope.ack.token(), generation) {
                 return Some(envelope);
             }
@@ -361,10 +376,12 @@ impl Source for KafkaSource {
     /// minus the position, summed over the assigned partitions (measured every
     /// `lag_interval_ms` on a thread of its own, see `lag_interval_ms`), plus the records
     /// already consumed into the hand-off buffer. `None` until the first measurement. Never
-    /// blocks: two atomic loads.
+    /// blocks: three atomic loads.
     fn lag(&self) -> Option<u64> {
         let broker = self.lag.broker()?;
-        let buffered = self.rx.len() + self.control.held.load(Ordering::Relaxed);
+        let buffered = self.batch.len()
+            + self.control.queued.load(Ordering::Relaxed)
+            + self.control.held.load(Ordering::Relaxed);
         Some(broker.saturating_add(buffered as u64))
     }
 

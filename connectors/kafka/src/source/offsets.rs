@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use triage::ledger::{AckToken, AckTracker, Disposition, ResolveError};
+use triage::ledger::{AckToken, AckTracker, Disposition, Epoch, ResolveError};
 use triage::runtime::{AckRef, AckSink};
 
 use crate::metrics::{self, CommitTrigger};
@@ -62,6 +62,23 @@ pub(crate) struct Offsets {
     /// fatal error: callbacks of a retired client (its close still runs them) are ignored.
     client: AtomicU64,
     pub(crate) stats: Stats,
+}
+
+/// The partition the poll thread tracked last and its index (see [`Offsets::track_cached`]).
+#[derive(Debug, Default)]
+pub(crate) struct LastStream(Option<(String, i32, u64)>);
+
+impl LastStream {
+    fn get(&self, topic: &str, partition: i32) -> Option<u64> {
+        match &self.0 {
+            Some((t, p, idx)) if *p == partition && t == topic => Some(*idx),
+            _ => None,
+        }
+    }
+
+    fn set(&mut self, topic: &str, partition: i32, idx: u64) {
+        self.0 = Some((topic.to_owned(), partition, idx));
+    }
 }
 
 #[derive(Debug, Default)]
@@ -118,10 +135,32 @@ impl State {
 impl Offsets {
     /// Registers a consumed record: returns its ack reference, or `None` if its partition is
     /// not (or no longer) assigned or the offset is not above the last one tracked.
+    #[cfg(test)]
     pub(crate) fn track(&self, topic: &str, partition: i32, offset: i64) -> Option<(AckRef, u64)> {
+        self.track_cached(&mut LastStream::default(), topic, partition, offset)
+    }
+
+    /// [`track`](Self::track) for the poll thread, which remembers in `last` the index of the
+    /// partition it tracked last: records come in runs of one partition, and an index, once
+    /// given, names its partition for the life of the source, so a hit skips the two hash
+    /// lookups of the name.
+    pub(crate) fn track_cached(
+        &self,
+        last: &mut LastStream,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> Option<(AckRef, u64)> {
         let offset = u64::try_from(offset).ok()?;
         let mut state = self.state.lock();
-        let idx = state.lookup(topic, partition)?;
+        let idx = match last.get(topic, partition) {
+            Some(idx) => idx,
+            None => {
+                let idx = state.lookup(topic, partition)?;
+                last.set(topic, partition, idx);
+                idx
+            }
+        };
         let token = state.tracker.track(&idx, offset).ok()?;
         let epoch = token.epoch().get();
         drop(state);
@@ -147,29 +186,17 @@ impl Offsets {
     }
 
     fn resolve(&self, token: AckRef) {
-        let mut state = self.state.lock();
-        // `Epoch` has no public constructor from its number, so the token is rebuilt from the
-        // partition's current epoch after checking that the numbers match.
-        let Some(epoch) = state
-            .tracker
-            .epoch(&token.stream)
-            .filter(|e| e.get() == token.epoch)
-        else {
-            drop(state);
-            self.stats.stale_acks.fetch_add(1, Ordering::Relaxed);
-            metrics::stale_ack();
-            return;
-        };
-        let ack = AckToken::from_parts(token.stream, token.position, epoch);
-        match state.tracker.resolve(&ack) {
+        // A token of an earlier epoch (the partition revoked, or revoked and assigned again)
+        // resolves to `Stale`, as does one of a partition no longer assigned.
+        let ack = AckToken::from_parts(token.stream, token.position, Epoch::from_raw(token.epoch));
+        let result = self.state.lock().tracker.resolve(&ack);
+        match result {
             Ok(_) => {}
             Err(ResolveError::Stale { .. }) => {
-                drop(state);
                 self.stats.stale_acks.fetch_add(1, Ordering::Relaxed);
                 metrics::stale_ack();
             }
             Err(err) => {
-                drop(state);
                 // A runtime bug (double resolve), not a message problem: worth a log line.
                 tracing::warn!(%err, "kafka source: disposition refused");
             }
@@ -576,6 +603,36 @@ mod tests {
         );
         assert_eq!(r, Committed::Failed);
         assert_eq!(offsets.stats.snapshot().commits_failed, 1);
+    }
+
+    /// The poll thread's cache of the last partition's index survives a revocation and a new
+    /// assignment of that partition: the index names the partition for good, and the epoch
+    /// comes from the tracker, so a record tracked after the new assignment carries the new
+    /// epoch, and a disposition of the old one is stale.
+    #[test]
+    fn the_cached_partition_index_follows_reassignment() {
+        let offsets = Offsets::default();
+        offsets.assign([("t", 0), ("t", 1)]);
+        let mut last = LastStream::default();
+        let (old, _) = offsets.track_cached(&mut last, "t", 0, 5).unwrap();
+        assert_eq!(last.get("t", 0), Some(old.stream));
+        assert_eq!(last.get("t", 1), None);
+        offsets.revoke([("t", 0)]);
+        assert!(offsets.track_cached(&mut last, "t", 0, 6).is_none());
+        offsets.assign([("t", 0)]);
+        // Redelivered from the committed position, below the old epoch's last offset.
+        let (new, _) = offsets.track_cached(&mut last, "t", 0, 3).unwrap();
+        assert_eq!(new.stream, old.stream);
+        assert_ne!(new.epoch, old.epoch);
+        offsets.resolve(old);
+        assert_eq!(offsets.stats.snapshot().stale_acks, 1);
+        assert_eq!(offsets.pending_total(), 1);
+        offsets.resolve(new);
+        assert_eq!(offsets.pending_total(), 0);
+        // Another partition replaces the cached one.
+        let (other, _) = offsets.track_cached(&mut last, "t", 1, 0).unwrap();
+        assert_ne!(other.stream, old.stream);
+        assert_eq!(last.get("t", 1), Some(other.stream));
     }
 
     /// Issue 10 point 10: a rebalance error gives up every partition. Dispositions arriving
