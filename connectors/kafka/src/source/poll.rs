@@ -436,7 +436,7 @@ mod tests {
         for capacity in [1, 2, 63, 64, 65, 100, 1000, 1001, 4096, 1_000_000] {
             let (slots, batch) = handoff_shape(capacity);
             assert!(
-                batch >= 1 && batch <= MAX_BATCH,
+                (1..=MAX_BATCH).contains(&batch),
                 "{capacity}: batch {batch}"
             );
             assert!(slots * batch >= capacity, "{capacity}: {slots} x {batch}");
