@@ -3,7 +3,7 @@
 //! async-channel worker pool. `cargo bench --bench runtime`; figures in BENCHMARKS.md.
 //!
 //! Before criterion's timing, both pipelines run `BENCH_CPU_RUNS` times each (default 10),
-//! interleaved, and the process's CPU time (user + system, both tokio threads) per 100,000
+//! interleaved, and the process's CPU time (every thread's time on a CPU) per 100,000
 //! messages is printed with the median wall time: on a machine shared with other work, wall
 //! time moves with everyone's load, CPU time much less. `BENCH_CPU_ONLY=1` stops there.
 
@@ -33,6 +33,12 @@ async fn triage_run(broker: MemoryBroker<u64>) -> Duration {
         ..RuntimeConfig::default()
     };
     config.queue.admission = QueueAgeConfig::disabled();
+    if let Some(p) = std::env::var("BENCH_PREFETCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        config.admission.prefetch_per_slot = p;
+    }
     config.policy = PerTier::splat(RefusalPolicy::Backpressure);
     let mut runtime = Runtime::builder(config)
         .start(|job: Job<u64>| async move {
@@ -74,32 +80,38 @@ async fn plain_run(broker: MemoryBroker<u64>) -> Duration {
     start.elapsed()
 }
 
-/// CPU time (user + system) this process has used so far, every thread included, from
-/// `/proc/self/stat` (clock ticks of 10 ms). `None` off Linux.
+/// CPU time this process has used so far, every thread included: the sum of each thread's
+/// time on a CPU in `/proc/self/task/*/schedstat` (nanoseconds, where `/proc/self/stat` counts
+/// 10 ms ticks). `None` off Linux.
 fn cpu_time() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 10))
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path().join("schedstat");
+        // A thread that ended since the listing has no file any more: its time is lost to
+        // both readings alike.
+        let Ok(stat) = std::fs::read_to_string(path) else {
+            continue;
+        };
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(Duration::from_nanos(total))
 }
 
-/// Both pipelines `runs` times each, interleaved: CPU time per 100,000 messages (summed over
-/// the runs, so the 10 ms ticks add up to a small error) and the median wall time.
+/// Both pipelines `runs` times each, interleaved: CPU time per 100,000 messages (mean and
+/// median of the runs) and the median wall time.
 fn cpu_report(rt: &tokio::runtime::Runtime) {
     let runs: u32 = std::env::var("BENCH_CPU_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
-    let mut cpu = [Duration::ZERO; 2];
+        .unwrap_or(10)
+        .max(1);
+    let mut cpu: [Vec<Duration>; 2] = Default::default();
     let mut wall: [Vec<Duration>; 2] = Default::default();
     for _ in 0..runs {
-        for (i, w) in wall.iter_mut().enumerate() {
+        for i in 0..2 {
             let broker = filled();
             let Some(before) = cpu_time() else {
-                println!("CPU time unavailable (no /proc/self/stat)");
+                println!("CPU time unavailable (no /proc/self/task/*/schedstat)");
                 return;
             };
             let took = if i == 0 {
@@ -107,19 +119,25 @@ fn cpu_report(rt: &tokio::runtime::Runtime) {
             } else {
                 rt.block_on(plain_run(broker))
             };
-            cpu[i] += cpu_time().unwrap_or(before) - before;
-            w.push(took);
+            cpu[i].push(cpu_time().unwrap_or(before).saturating_sub(before));
+            wall[i].push(took);
         }
     }
     let median = |w: &mut Vec<Duration>| {
         w.sort();
         w[w.len() / 2]
     };
-    let (t_cpu, p_cpu) = (cpu[0] / runs, cpu[1] / runs);
-    let (t_wall, p_wall) = (median(&mut wall[0]), median(&mut wall[1]));
+    let mean = |w: &[Duration]| w.iter().sum::<Duration>() / runs;
+    let (t_mean, p_mean) = (mean(&cpu[0]), mean(&cpu[1]));
+    let [t, p] = &mut cpu;
+    let (t_cpu, p_cpu) = (median(t), median(p));
+    let [t, p] = &mut wall;
+    let (t_wall, p_wall) = (median(t), median(p));
     println!(
-        "CPU per 100,000 (mean of {runs}): triage {t_cpu:.1?}, plain {p_cpu:.1?}: plain/triage {:.2}x",
-        p_cpu.as_secs_f64() / t_cpu.as_secs_f64()
+        "CPU per 100,000 (median of {runs}): triage {t_cpu:.1?}, plain {p_cpu:.1?}: plain/triage {:.2}x \
+         (means {t_mean:.1?}, {p_mean:.1?}: {:.2}x)",
+        p_cpu.as_secs_f64() / t_cpu.as_secs_f64(),
+        p_mean.as_secs_f64() / t_mean.as_secs_f64()
     );
     println!(
         "wall per 100,000 (median of {runs}): triage {t_wall:.1?}, plain {p_wall:.1?}: plain/triage {:.2}x",
@@ -129,10 +147,29 @@ fn cpu_report(rt: &tokio::runtime::Runtime) {
 
 fn runtime(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(
+            std::env::var("BENCH_THREADS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(2),
+        )
         .enable_all()
         .build()
         .expect("tokio runtime");
+    if let Some(runs) = std::env::var("BENCH_PROFILE_TRIAGE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        // For a profiler: the brokers filled first, then triage's runs alone.
+        let brokers: Vec<_> = (0..runs).map(|_| filled()).collect();
+        eprintln!("filled");
+        std::thread::sleep(Duration::from_secs(2));
+        eprintln!("running");
+        for broker in brokers {
+            rt.block_on(triage_run(broker));
+        }
+        return;
+    }
     cpu_report(&rt);
     if std::env::var_os("BENCH_CPU_ONLY").is_some() {
         return;

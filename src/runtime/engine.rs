@@ -16,6 +16,7 @@ use crate::ledger::Disposition;
 use crate::limit::ConcurrencyLimit;
 use crate::ordering::{Arrival, KeyGate};
 use crate::queue::{Dequeued, Meta, RefuseReason, Removed, TierMask, TryPopError, WfqQueue};
+use crate::runtime::intake::PullForIntake;
 use crate::runtime::item::{Accounts, Item};
 use crate::runtime::metrics::{decision_of, reason_index, CIRCUIT, EVICTED, FORCED, MEMORY, RATE};
 use crate::runtime::{
@@ -120,6 +121,12 @@ pub(crate) struct Inner<T> {
     /// Woken when a worker takes an item while an intake waits for room (pacing).
     pub(crate) room: tokio::sync::Notify,
     pub(crate) room_waiters: AtomicUsize,
+    /// The sources a worker that finds the queue empty may pull from itself, for their intake
+    /// (see `intake::PullForIntake`); read once per empty queue.
+    pub(crate) helpers: arc_swap::ArcSwap<Vec<Arc<dyn PullForIntake<T>>>>,
+    /// Of the intakes waiting for room, those whose source the workers pull from meanwhile:
+    /// a pop need not wake them.
+    pub(crate) pulling_for: AtomicUsize,
     /// Whether anything was ever offered with `try_submit` (queue-age admission then counts
     /// in the load level).
     pub(crate) pushed_seen: std::sync::atomic::AtomicBool,
@@ -708,7 +715,11 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// Takes the next batch a worker may start, at most `max` items, weighted-fair among the
     /// tiers whose share of the concurrency limit is not used up, into `out`. Waits while there
     /// is none; `false` once the queue is closed and empty.
-    pub(crate) async fn next_batch(&self, out: &mut Vec<Dequeued<Item<T>>>, max: usize) -> bool {
+    pub(crate) async fn next_batch(
+        self: &Arc<Self>,
+        out: &mut Vec<Dequeued<Item<T>>>,
+        max: usize,
+    ) -> bool {
         let mut yielded = false;
         loop {
             match self.queue.pop_batch_masked(self.worker_mask(), max, out) {
@@ -718,6 +729,10 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 }
                 Err(TryPopError::Closed) => return false,
                 Err(_) => {}
+            }
+            // Pulls what the intake would, rather than wait for it to.
+            if self.pull_for_intake() {
+                continue;
             }
             if !yielded {
                 // Let the intake (likely on this thread) run once before registering to
@@ -842,12 +857,24 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
     }
 
-    /// An intake pacing its pulls waits for room in the queue: tell it a worker took some.
+    /// An intake pacing its pulls waits for room in the queue: tell it a worker took some;
+    /// unless the workers pull for every intake that waits (they pull when they find the queue
+    /// empty, see [`pull_for_intake`](Self::pull_for_intake)).
     #[inline]
     fn wake_intake(&self) {
-        if self.room_waiters.load(Ordering::Relaxed) > 0 {
+        if self.room_waiters.load(Ordering::Relaxed) > self.pulling_for.load(Ordering::Relaxed) {
             self.room.notify_waiters();
         }
+    }
+
+    /// A worker found the queue empty: pulls for an intake that waits for room, if one lets it
+    /// (see `intake::PullForIntake`). Whether anything was offered.
+    fn pull_for_intake(self: &Arc<Self>) -> bool {
+        if self.pulling_for.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let helpers = self.helpers.load();
+        helpers.iter().any(|h| h.pull(self))
     }
 
     /// Tells the breakers how a call went: success or failure for the message's key (a

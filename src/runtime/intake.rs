@@ -32,7 +32,7 @@
 //! interval passed, to expire it on time). They count against `max_held` too.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -210,7 +210,13 @@ impl<T: Send + Sync + 'static> Held<T> {
             self.items.push_back(item);
             return;
         }
-        match inner.offer(item) {
+        let offer = inner.offer(item);
+        self.absorb(inner, rank, offer);
+    }
+
+    /// What an offer of a new message of `rank` left to hold: held here, behind the older ones.
+    fn absorb(&mut self, inner: &Inner<T>, rank: usize, offer: Offer<T>) {
+        match offer {
             Offer::Taken => {}
             Offer::Hold(item) => {
                 inner.held.fetch_add(1, Ordering::Relaxed);
@@ -226,6 +232,12 @@ impl<T: Send + Sync + 'static> Held<T> {
                 self.circuit.push_back(item);
             }
         }
+    }
+
+    /// Whether a new message would be offered at once, as a worker pulling for the intake
+    /// offers it: nothing held, and no tier refused by the last sweep.
+    fn clear(&self) -> bool {
+        self.len() == 0 && self.refused_floor.is_none() && self.rate_refused == 0
     }
 }
 
@@ -265,6 +277,19 @@ fn take<T: Send + Sync + 'static>(
     mode: Mode,
     envelope: crate::runtime::Envelope<T>,
 ) {
+    if let Some(item) = receive(inner, mode, envelope) {
+        held.offer_new(inner, item);
+    }
+}
+
+/// What every pulled message goes through before its offer, whoever pulled it (the intake, or
+/// a worker pulling for it): counted, expired at once if its deadline passed, through the key
+/// gate. `None` when it was settled or parked here.
+fn receive<T: Send + Sync + 'static>(
+    inner: &Arc<Inner<T>>,
+    mode: Mode,
+    envelope: crate::runtime::Envelope<T>,
+) -> Option<Item<T>> {
     let tier = envelope.criticality;
     let mut item = Item::consumed(envelope, &inner.accounts);
     inner.map_downstream(&mut item);
@@ -285,13 +310,10 @@ fn take<T: Send + Sync + 'static>(
     // Past its deadline already: expired from its headers alone, before any queueing.
     if item.deadline.is_some_and(|d| d <= now) {
         inner.expire_at_intake(item);
-        return;
+        return None;
     }
     // Behind a busy key: parked, offered when the key's earlier message is settled.
-    let Some(item) = inner.pass_gate(item) else {
-        return;
-    };
-    held.offer_new(inner, item);
+    inner.pass_gate(item)
 }
 
 enum Pulled<T> {
@@ -312,11 +334,132 @@ async fn pull<S: Source>(source: &mut S, wait: Option<Duration>) -> Pulled<S::Pa
     }
 }
 
+/// A source as its intake and the workers share it: the workers pull from it themselves while
+/// its intake waits for room with nothing to hold (see [`PullForIntake`]).
+struct Shared<S: Source> {
+    source: tokio::sync::Mutex<S>,
+    /// Whether a worker may pull now: set by the intake just before it waits for room, only
+    /// while it holds nothing and no tier is refused or paused; cleared when it wakes, before
+    /// it takes `source` back (so after the intake has the lock, no worker pulls).
+    open: AtomicBool,
+    /// Offers a worker's pull left to hold (refused under Backpressure, say): the intake holds
+    /// them, behind the older ones, at its next turn. With the tier rank offered.
+    returned: parking_lot::Mutex<Vec<(usize, Offer<S::Payload>)>>,
+    /// A worker's pull found the source finished.
+    finished: AtomicBool,
+    lag: Arc<AtomicU64>,
+}
+
+/// A worker pulling for an intake that waits for room (see `Shared`): what the intake would
+/// pull next, the worker pulls itself, when it finds the queue empty. In steady state, a worker
+/// then serves what it pulled without waking the intake, and the intake without waking a
+/// worker: the task switches (and, on a multi-threaded runtime, the wake-ups of the other
+/// thread) that a queue of `prefetch` messages costs every few dozen messages are gone. Each
+/// message still goes through the same path ([`receive`], then [`Inner::offer`]), under the
+/// same bound (`prefetch`), and the worker stops (hands the source back to the intake, and
+/// wakes it) at anything the intake has to decide: a message refused, the shed level or the
+/// operator's level above 0, the key gate or the memory budget full, a source with nothing
+/// ready now, or finished.
+pub(crate) trait PullForIntake<T>: Send + Sync {
+    /// Pulls up to `PULL_BATCH` messages and offers them. Returns whether it offered any.
+    fn pull(&self, inner: &Arc<Inner<T>>) -> bool;
+}
+
+impl<S: Source> PullForIntake<S::Payload> for Shared<S>
+where
+    S::Payload: Send + Sync + 'static,
+{
+    fn pull(&self, inner: &Arc<Inner<S::Payload>>) -> bool {
+        if !self.open.load(Ordering::Acquire) {
+            return false;
+        }
+        let Ok(mut source) = self.source.try_lock() else {
+            return false;
+        };
+        // The intake clears `open` before it takes the lock: checked again under it.
+        if !self.open.load(Ordering::Acquire) {
+            return false;
+        }
+        let prefetch = inner.prefetch();
+        let max_parked = inner.config().max_parked.get();
+        let mut offered = false;
+        let mut hand_back = false;
+        for _ in 0..PULL_BATCH {
+            let level = inner
+                .shed_level
+                .load(Ordering::Relaxed)
+                .max(inner.live.forced_level());
+            if level != 0 || inner.gate.parked() >= max_parked || !inner.accounts.memory.may_pull()
+            {
+                hand_back = true;
+                break;
+            }
+            if pulled_ahead(inner, prefetch) {
+                break;
+            }
+            let envelope = match source.next().now_or_never() {
+                Some(Some(envelope)) => envelope,
+                Some(None) => {
+                    self.finished.store(true, Ordering::Release);
+                    hand_back = true;
+                    break;
+                }
+                // Nothing ready: the intake waits for the source, with a waker.
+                None => {
+                    hand_back = true;
+                    break;
+                }
+            };
+            let Some(item) = receive(inner, Mode::Normal, envelope) else {
+                continue;
+            };
+            let rank = item.tier().rank();
+            match inner.offer(item) {
+                Offer::Taken => offered = true,
+                other => {
+                    self.returned.lock().push((rank, other));
+                    hand_back = true;
+                    break;
+                }
+            }
+        }
+        self.lag
+            .store(source.lag().unwrap_or(u64::MAX), Ordering::Relaxed);
+        if hand_back {
+            self.open.store(false, Ordering::Release);
+            drop(source);
+            inner.room.notify_waiters();
+        }
+        offered
+    }
+}
+
+/// Keeps a source open to the workers' pulls while the intake waits; closed when dropped.
+struct Opened<'a, S: Source> {
+    shared: &'a Shared<S>,
+    inner: &'a Inner<S::Payload>,
+}
+
+impl<'a, S: Source> Opened<'a, S> {
+    fn new(shared: &'a Shared<S>, inner: &'a Inner<S::Payload>) -> Self {
+        inner.pulling_for.fetch_add(1, Ordering::Relaxed);
+        shared.open.store(true, Ordering::Release);
+        Opened { shared, inner }
+    }
+}
+
+impl<S: Source> Drop for Opened<'_, S> {
+    fn drop(&mut self) {
+        self.shared.open.store(false, Ordering::Release);
+        self.inner.pulling_for.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Pulls `source` until shutdown, then waits for the workers to finish (`drained`) before the
 /// source's final acknowledgement, bounded by `final_ack`.
 pub(crate) async fn run<S: Source>(
     inner: Arc<Inner<S::Payload>>,
-    mut source: S,
+    source: S,
     mode: Mode,
     lag: Arc<AtomicU64>,
     drained: CancellationToken,
@@ -324,11 +467,36 @@ pub(crate) async fn run<S: Source>(
 ) where
     S::Payload: Send + Sync + 'static,
 {
+    let shared = Arc::new(Shared {
+        source: tokio::sync::Mutex::new(source),
+        open: AtomicBool::new(false),
+        returned: parking_lot::Mutex::new(Vec::new()),
+        finished: AtomicBool::new(false),
+        lag: Arc::clone(&lag),
+    });
+    // Deferred work is pulled only while the workers are idle: the intake alone decides that.
+    if mode == Mode::Normal {
+        let helper: Arc<dyn PullForIntake<S::Payload>> = shared.clone();
+        inner.helpers.rcu(|list| {
+            let mut list = Vec::clone(list);
+            list.push(Arc::clone(&helper));
+            list
+        });
+    }
     let mut held: Held<S::Payload> = Held::new();
     let mut paused = false;
     let mut finished = false;
     let mut paused_tiers = TierMask::NONE;
     loop {
+        // A worker may be pulling (only while `open`, cleared when this intake woke): it holds
+        // the source for one batch at most.
+        let mut source = shared.source.lock().await;
+        for (rank, offer) in shared.returned.lock().drain(..) {
+            held.absorb(&inner, rank, offer);
+        }
+        if shared.finished.load(Ordering::Acquire) {
+            finished = true;
+        }
         // Read each turn: a live reconfiguration may change it.
         let poll = inner.poll_interval();
         lag.store(source.lag().unwrap_or(u64::MAX), Ordering::Relaxed);
@@ -371,11 +539,15 @@ pub(crate) async fn run<S: Source>(
         // Not overloaded: pull only what the workers will serve soon; the broker keeps the rest.
         let prefetch = inner.prefetch();
         if may_pull && mode == Mode::Normal && level == 0 && pulled_ahead(&inner, prefetch) {
+            drop(source);
             let room = inner.room.notified();
             tokio::pin!(room);
             room.as_mut().enable();
             inner.room_waiters.fetch_add(1, Ordering::Relaxed);
             if pulled_ahead(&inner, prefetch) {
+                // With nothing to hold and nothing refused, the workers may pull what this
+                // intake would, while it waits (closed again when it wakes).
+                let _open = held.clear().then(|| Opened::new(&shared, &inner));
                 tokio::select! {
                     _ = inner.stop.cancelled() => {
                         inner.room_waiters.fetch_sub(1, Ordering::Relaxed);
@@ -389,6 +561,7 @@ pub(crate) async fn run<S: Source>(
             continue;
         }
         if !may_pull {
+            drop(source);
             if finished && held.len() == 0 {
                 break;
             }
@@ -408,7 +581,7 @@ pub(crate) async fn run<S: Source>(
         let pulled = tokio::select! {
             biased;
             _ = inner.stop.cancelled() => break,
-            p = pull(&mut source, wait) => p,
+            p = pull(&mut *source, wait) => p,
         };
         let envelope = match pulled {
             Pulled::Message(e) => e,
@@ -442,6 +615,21 @@ pub(crate) async fn run<S: Source>(
                 }
             }
         }
+    }
+    if mode == Mode::Normal {
+        let ours: Arc<dyn PullForIntake<S::Payload>> = shared.clone();
+        inner.helpers.rcu(|list| {
+            list.iter()
+                .filter(|h| !Arc::ptr_eq(h, &ours))
+                .cloned()
+                .collect::<Vec<_>>()
+        });
+    }
+    // `open` is cleared (the guard is dropped with the loop's scope): once the lock is ours, no
+    // worker pulls, and what the last one left to hold is ours to release.
+    let mut source = shared.source.lock().await;
+    for (rank, offer) in shared.returned.lock().drain(..) {
+        held.absorb(&inner, rank, offer);
     }
     inner.held.fetch_sub(held.len() as i64, Ordering::Relaxed);
     // Dropping them releases them unacknowledged.

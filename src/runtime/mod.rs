@@ -301,6 +301,8 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             lags: parking_lot::Mutex::new(Vec::new()),
             room: tokio::sync::Notify::new(),
             room_waiters: Default::default(),
+            helpers: Default::default(),
+            pulling_for: Default::default(),
             last_work_ns: Default::default(),
             pushed_seen: Default::default(),
             gate: crate::ordering::KeyGate::new(),
