@@ -91,6 +91,11 @@ impl MemoryBudget {
     /// A message of `size` bytes entered the process.
     #[inline]
     pub fn add(&self, size: u64) {
+        // Most messages of a source that does not report sizes: no read-modify-write on a line
+        // every thread shares for nothing.
+        if size == 0 {
+            return;
+        }
         let held = self.held.fetch_add(size, Ordering::Relaxed) + size;
         if self.peak.load(Ordering::Relaxed) < held {
             self.peak.fetch_max(held, Ordering::Relaxed);
@@ -104,6 +109,9 @@ impl MemoryBudget {
     /// marked waiting under backpressure.
     #[inline]
     pub fn remove(&self, size: u64, waiting: bool) {
+        if size == 0 {
+            return;
+        }
         if waiting {
             self.waiting.fetch_sub(size, Ordering::Relaxed);
         }

@@ -63,6 +63,17 @@ impl Ledger {
         self.settled[tier.rank()][disposition.index()].fetch_add(1, Ordering::Release);
     }
 
+    /// Counts `n` messages of `tier` that reached `disposition`, at once: for a worker that
+    /// settles a batch and records it once (see `runtime::worker`).
+    pub(crate) fn record_n(&self, tier: Criticality, disposition: Disposition, n: u64) {
+        self.settled[tier.rank()][disposition.index()].fetch_add(n, Ordering::Release);
+    }
+
+    /// [`record_goodput`](Self::record_goodput) for `n` messages at once.
+    pub(crate) fn record_goodput_n(&self, tier: Criticality, n: u64) {
+        self.goodput[tier.rank()].fetch_add(n, Ordering::Release);
+    }
+
     /// Counts one `Completed` message of `tier` that finished inside its deadline (or had
     /// none): goodput. Recorded in addition to [`record`](Self::record), not instead of it.
     pub fn record_goodput(&self, tier: Criticality) {

@@ -354,30 +354,44 @@ impl ConcurrencyLimit {
     /// (capped at the limit): for a tier that may borrow idle slots beyond its share
     /// (work-conserving shares, decided by the caller); `None` means "not now".
     pub fn try_acquire_up_to(&self, tier: Criticality, allowed: usize) -> Option<Permit> {
-        let allowed = allowed.min(self.limit());
-        let in_flight = &self.inner.in_flight;
-        // Relaxed suffices: the count is the only datum guarded, and the CAS alone orders
-        // increments against each other; a waiter's fence orders its check (see `Inner`).
-        let mut current = in_flight.load(Ordering::Relaxed);
-        loop {
-            if current >= allowed {
-                return None;
-            }
-            match in_flight.compare_exchange_weak(
-                current,
-                current + 1,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => break,
-                Err(actual) => current = actual,
-            }
-        }
-        Some(Permit {
+        let in_flight_at_start = self.inner.claim(allowed.min(self.limit()))?;
+        Some(Permit(Held {
             inner: Arc::clone(&self.inner),
-            in_flight_at_start: current + 1,
+            in_flight_at_start,
             tier,
-        })
+        }))
+    }
+
+    /// [`try_acquire_up_to`](Self::try_acquire_up_to) with a slot that borrows the limit
+    /// rather than sharing it: for the runtime's workers, which outlive their jobs, so that a
+    /// job's slot costs no reference count (two atomic read-modify-writes, on a line every
+    /// worker shares). The same semantics in every other respect.
+    pub(crate) fn try_slot_up_to(&self, tier: Criticality, allowed: usize) -> Option<Slot<'_>> {
+        let in_flight_at_start = self.inner.claim(allowed.min(self.limit()))?;
+        Some(Slot(Held {
+            inner: &*self.inner,
+            in_flight_at_start,
+            tier,
+        }))
+    }
+
+    /// [`try_acquire`](Self::try_acquire), as a borrowed [`Slot`].
+    pub(crate) fn try_slot(&self, tier: Criticality) -> Option<Slot<'_>> {
+        self.try_slot_up_to(tier, self.allowed(tier))
+    }
+
+    /// [`acquire`](Self::acquire), as a borrowed [`Slot`].
+    pub(crate) async fn slot(&self, tier: Criticality) -> Slot<'_> {
+        loop {
+            if let Some(s) = self.try_slot(tier) {
+                return s;
+            }
+            let released = self.listen(tier);
+            if let Some(s) = self.try_slot(tier) {
+                return s;
+            }
+            released.await;
+        }
     }
 }
 
@@ -387,8 +401,15 @@ impl ConcurrencyLimit {
 /// from it; merely dropping the permit (a cancelled job, a panic unwinding)
 /// releases the slot without a sample.
 #[must_use = "dropping a Permit releases its slot at once"]
-pub struct Permit {
-    inner: Arc<Inner>,
+pub struct Permit(Held<Arc<Inner>>);
+
+/// A [`Permit`] that borrows its limit (see [`ConcurrencyLimit::try_slot_up_to`]).
+#[must_use = "dropping a Slot releases it at once"]
+pub(crate) struct Slot<'a>(Held<&'a Inner>);
+
+/// A slot taken, whatever holds the limit: released when dropped.
+struct Held<P: std::ops::Deref<Target = Inner>> {
+    inner: P,
     in_flight_at_start: usize,
     tier: Criticality,
 }
@@ -396,8 +417,8 @@ pub struct Permit {
 impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permit")
-            .field("tier", &self.tier)
-            .field("in_flight_at_start", &self.in_flight_at_start)
+            .field("tier", &self.0.tier)
+            .field("in_flight_at_start", &self.0.in_flight_at_start)
             .finish_non_exhaustive()
     }
 }
@@ -405,18 +426,31 @@ impl fmt::Debug for Permit {
 impl Permit {
     /// Jobs in flight when this one was admitted, itself included.
     pub fn in_flight_at_start(&self) -> usize {
-        self.in_flight_at_start
+        self.0.in_flight_at_start
     }
 
     /// The tier this slot was admitted under.
     pub fn tier(&self) -> Criticality {
-        self.tier
+        self.0.tier
     }
 
     /// Reports the job's handler `latency` and whether it was `dropped` because
     /// of overload (see [`Sample::dropped`]), releases the slot, and returns the
     /// new limit.
     pub fn record(self, latency: Duration, dropped: bool) -> usize {
+        self.0.record(latency, dropped)
+    }
+}
+
+impl Slot<'_> {
+    /// [`Permit::record`].
+    pub(crate) fn record(self, latency: Duration, dropped: bool) -> usize {
+        self.0.record(latency, dropped)
+    }
+}
+
+impl<P: std::ops::Deref<Target = Inner>> Held<P> {
+    fn record(self, latency: Duration, dropped: bool) -> usize {
         if self.inner.fixed.load(std::sync::atomic::Ordering::Relaxed) {
             // A fixed limit ignores samples: no lock per completion.
             return self.inner.limit.load(Ordering::Relaxed);
@@ -436,7 +470,7 @@ impl Permit {
     }
 }
 
-impl Drop for Permit {
+impl<P: std::ops::Deref<Target = Inner>> Drop for Held<P> {
     fn drop(&mut self) {
         let in_flight = self.inner.in_flight.fetch_sub(1, Ordering::Relaxed) - 1;
         // Pairs with the fence in `listen` (see `Inner::waiting`).
@@ -446,6 +480,29 @@ impl Drop for Permit {
 }
 
 impl Inner {
+    /// Counts one more job in flight if fewer than `allowed` are: the in-flight count it
+    /// reached, or `None`.
+    #[inline]
+    fn claim(&self, allowed: usize) -> Option<usize> {
+        // Relaxed suffices: the count is the only datum guarded, and the CAS alone orders
+        // increments against each other; a waiter's fence orders its check (see `Inner`).
+        let mut current = self.in_flight.load(Ordering::Relaxed);
+        loop {
+            if current >= allowed {
+                return None;
+            }
+            match self.in_flight.compare_exchange_weak(
+                current,
+                current + 1,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(current + 1),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
     fn allowed(&self, limit: usize, tier: Criticality) -> usize {
         let fixed = self.shares_fixed[tier.rank()].load(std::sync::atomic::Ordering::Relaxed);
         shares::allowed_fixed(limit, fixed)

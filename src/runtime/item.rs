@@ -42,6 +42,16 @@ enum Payload<T> {
     Moving,
 }
 
+/// What [`Item::settle_later`] leaves to its caller.
+pub(crate) struct Settled<T> {
+    /// To resolve once the disposition is in the ledger.
+    pub(crate) ack: Option<Ack>,
+    /// To take out of the memory budget after the ack.
+    pub(crate) bytes: u64,
+    /// The payload's shared handle, if a handler had one (see [`Item::share_reusing`]).
+    pub(crate) payload: Option<Arc<T>>,
+}
+
 /// One consumed message. Settled exactly once: [`Item::settle`] records its disposition and
 /// resolves its ack; dropped unsettled (shutdown, an aborted task), it is *released*: counted,
 /// and its ack tells the source not to acknowledge it.
@@ -197,6 +207,31 @@ impl<T> Item<T> {
         match std::mem::replace(&mut self.payload, Payload::Moving) {
             Payload::Shared(arc) => Some(arc),
             _ => None,
+        }
+    }
+
+    /// Takes the message out of the runtime's accounts without recording anything, for a
+    /// worker that records a batch's dispositions at once ([`Settled`] says what it owes).
+    /// The caller must, in this order: record the disposition in the ledger, resolve the
+    /// returned ack, then count the item out of `alive` and its bytes out of the memory budget.
+    pub(crate) fn settle_later(mut self) -> Settled<T> {
+        let ack = self.ack.take();
+        // An offer takes an item out of waiting: a served one never is; were it, its bytes
+        // leave now, the working set's too.
+        let bytes = if self.waiting {
+            self.leave_memory();
+            0
+        } else {
+            self.size_bytes as u64
+        };
+        let payload = match std::mem::replace(&mut self.payload, Payload::Moving) {
+            Payload::Shared(arc) => Some(arc),
+            _ => None,
+        };
+        Settled {
+            ack,
+            bytes,
+            payload,
         }
     }
 

@@ -45,7 +45,7 @@ use crate::ledger::Disposition;
 use crate::queue::Dequeued;
 use crate::runtime::engine::Inner;
 use crate::runtime::item::Item;
-use crate::runtime::{HandlerError, Job, LoadLevel};
+use crate::runtime::{Ack, HandlerError, Job, LoadLevel};
 use crate::Criticality;
 
 /// Most items a worker takes from the queue at once.
@@ -58,7 +58,8 @@ const BATCH_BUDGET: Duration = Duration::from_micros(50);
 /// Handler calls in a row that finished at their first poll before a worker takes batches.
 const SYNC_STREAK: u32 = 8;
 
-/// Counters a worker adds to the shared metrics once per batch rather than once per message.
+/// Counters a worker adds to the shared metrics, the ledger and the runtime's accounts once
+/// per batch rather than once per message.
 #[derive(Default)]
 struct Tally {
     completed: [u64; 4],
@@ -66,11 +67,24 @@ struct Tally {
     expired: [u64; 4],
     served: u64,
     busy_ns: u64,
+    /// Completed messages settled with [`Item::settle_later`], per original tier (rank):
+    /// recorded in the ledger at the flush, before their acks are resolved.
+    settled: [u64; 4],
+    /// Of those, finished inside their deadline.
+    settled_goodput: [u64; 4],
+    /// Their payload bytes, out of the memory budget after their acks.
+    settled_bytes: u64,
 }
 
 impl Tally {
-    fn flush<T>(&mut self, inner: &Inner<T>) {
+    /// Adds the counts to the shared ones, then resolves `acks` (the settled messages'), then
+    /// counts those messages out of the runtime: in the order one message's settlement takes
+    /// (ledger, acknowledgement, `alive`), so a reader who sees a message acknowledged sees it
+    /// in the ledger, and `wait_idle` sees nothing alive before every disposition is recorded.
+    fn flush<T>(&mut self, inner: &Inner<T>, acks: &mut Vec<Ack>) {
         let metrics = &inner.accounts.metrics;
+        let ledger = &inner.accounts.ledger;
+        let mut settled = 0;
         for tier in Criticality::ALL {
             let r = tier.rank();
             let m = &metrics.tiers[tier];
@@ -83,10 +97,27 @@ impl Tally {
             if self.expired[r] > 0 {
                 m.expired.increment(self.expired[r]);
             }
+            if self.settled[r] > 0 {
+                ledger.record_n(tier, Disposition::Completed, self.settled[r]);
+                settled += self.settled[r];
+            }
+            if self.settled_goodput[r] > 0 {
+                ledger.record_goodput_n(tier, self.settled_goodput[r]);
+            }
         }
         if self.served > 0 {
             inner.served.fetch_add(self.served, Ordering::Relaxed);
             inner.busy_ns.fetch_add(self.busy_ns, Ordering::Relaxed);
+        }
+        for ack in acks.drain(..) {
+            ack.resolve(Disposition::Completed);
+        }
+        if settled > 0 {
+            inner
+                .accounts
+                .alive
+                .fetch_sub(settled as i64, Ordering::Release);
+            inner.accounts.memory.remove(self.settled_bytes, false);
         }
         *self = Tally::default();
     }
@@ -99,6 +130,8 @@ struct Local<T> {
     /// The last served payload's shared handle, reused for the next one when nobody kept it.
     spare: Option<Arc<T>>,
     tally: Tally,
+    /// The acks of the messages the tally settled, resolved at its flush.
+    acks: Vec<Ack>,
     /// Handler calls in a row that finished at their first poll.
     streak: u32,
     /// Mean handler time, exponentially weighted (1/8), ns.
@@ -106,6 +139,10 @@ struct Local<T> {
 }
 
 impl<T> Local<T> {
+    fn flush(&mut self, inner: &Inner<T>) {
+        self.tally.flush(inner, &mut self.acks);
+    }
+
     fn batch_size(&self) -> usize {
         if self.streak < SYNC_STREAK {
             return 1;
@@ -141,6 +178,7 @@ where
         batch: Vec::with_capacity(MAX_BATCH),
         spare: None,
         tally: Tally::default(),
+        acks: Vec::with_capacity(MAX_BATCH),
         streak: 0,
         mean_ns: u64::MAX,
     };
@@ -159,7 +197,7 @@ where
                     let item = e.into_inner();
                     local.tally.expired[item.original.rank()] += 1;
                     if last {
-                        local.tally.flush(&inner);
+                        local.flush(&inner);
                     }
                     inner.settle(item, Disposition::Expired);
                 }
@@ -174,7 +212,7 @@ where
                 }
             }
         }
-        local.tally.flush(&inner);
+        local.flush(&inner);
     }
 }
 
@@ -204,16 +242,19 @@ where
     // The pop applied the tier mask of the shares (`worker_mask`); another worker may have
     // taken the last slot since. With work-conserving shares a popped item borrows an idle
     // slot rather than sitting on it until its share frees; else it waits within its share.
-    let permit = match inner.limit.try_acquire(tier).or_else(|| {
+    let permit = match inner.limit.try_slot(tier).or_else(|| {
         inner
             .config()
             .work_conserving
-            .then(|| inner.limit.try_acquire_up_to(tier, inner.limit.limit()))
+            .then(|| inner.limit.try_slot_up_to(tier, inner.limit.limit()))
             .flatten()
     }) {
         Some(p) => p,
         None => {
-            let p = inner.limit.acquire(tier).await;
+            // Nothing the tally holds waits behind a slot (nor is lost if the worker is
+            // dropped here at shutdown).
+            local.flush(inner);
+            let p = inner.limit.slot(tier).await;
             now = inner.clock.now();
             p
         }
@@ -221,7 +262,7 @@ where
     let Some((mut item, call)) = inner.dispatch_check(item, now) else {
         drop(permit);
         if local.batch.is_empty() {
-            local.tally.flush(inner);
+            local.flush(inner);
         }
         return now;
     };
@@ -248,7 +289,7 @@ where
                     // The handler waits: what this worker still holds goes back to the queue,
                     // for the other workers, rather than waiting behind this call.
                     inner.requeue(&mut local.batch, tier);
-                    local.tally.flush(inner);
+                    local.flush(inner);
                     (fut.await, false)
                 }
             }
@@ -266,35 +307,46 @@ where
     local.tally.served += 1;
     local.tally.busy_ns += latency_ns;
     inner.record_downstream(call, &outcome);
-    let last = local.batch.is_empty();
     match outcome {
         Ok(Ok(())) => {
             let r = item.original.rank();
             local.tally.completed[r] += 1;
-            if item.deadline.is_none_or(|d| finished <= d) {
+            let in_time = item.deadline.is_none_or(|d| finished <= d);
+            if in_time {
                 local.tally.goodput[r] += 1;
-                item.accounts().ledger.record_goodput(item.original);
             }
-            // Counted before the disposition, so a reader who sees the message settled sees
-            // its counters too.
-            if last {
-                local.tally.flush(inner);
-            }
-            if let Some(spare) = inner.settle(item, Disposition::Completed) {
-                local.spare = Some(spare);
+            if inner.observer.is_none() && item.key.is_none() {
+                // Nothing to call, no key to release: recorded with the batch (see `Tally`).
+                let settled = item.settle_later();
+                local.tally.settled[r] += 1;
+                local.tally.settled_goodput[r] += u64::from(in_time);
+                local.tally.settled_bytes += settled.bytes;
+                local.acks.extend(settled.ack);
+                if let Some(spare) = settled.payload {
+                    local.spare = Some(spare);
+                }
+                if local.acks.len() >= MAX_BATCH {
+                    local.flush(inner);
+                }
+            } else {
+                if in_time {
+                    item.accounts().ledger.record_goodput(item.original);
+                }
+                // Counted before the disposition, so a reader who sees the message settled
+                // sees its counters too.
+                local.flush(inner);
+                if let Some(spare) = inner.settle(item, Disposition::Completed) {
+                    local.spare = Some(spare);
+                }
             }
         }
         Ok(Err(err)) => {
-            if last {
-                local.tally.flush(inner);
-            }
+            local.flush(inner);
             let retry = err.is_retryable();
             inner.failed(item, retry, "failed", err.to_string()).await;
         }
         Err(_) => {
-            if last {
-                local.tally.flush(inner);
-            }
+            local.flush(inner);
             inner.accounts.metrics.panics.increment(1);
             inner
                 .failed(item, true, "panicked", "handler panicked".to_owned())
