@@ -1,8 +1,10 @@
 //! Loom models of the hand-written waiter protocols: the queue's (a consumer or a blocked
 //! producer counts itself, listens, checks once more under the lock; a push or pop notifies
 //! only when someone is counted) and the concurrency limit's (a waiter counts itself per tier;
-//! a release wakes one waiter per slot it frees). Loom runs every interleaving of the atomics,
-//! the lock and event-listener's internals, so a lost wake-up shows as a deadlock.
+//! a release, or a live `set_shares`/`set_algorithm` that makes room, wakes one waiter per
+//! slot it frees); and a model of the runtime's hand-over of a source from its intake to the
+//! workers that pull for it. Loom runs every interleaving of the atomics, the lock and
+//! event-listener's internals, so a lost wake-up shows as a deadlock.
 //!
 //! ```sh
 //! RUSTFLAGS="--cfg loom" cargo test --test loom_queue --release
@@ -166,5 +168,124 @@ fn two_releases_wake_two_waiters_of_different_tiers() {
             w.join().unwrap();
         }
         assert_eq!(limit.in_flight(), 0);
+    });
+}
+
+/// A live `set_shares` that gives a tier more room wakes its waiter: limit 4, Sheddable's share
+/// 0.25 (one slot), taken; a Sheddable waiter blocks; raising the share to 0.5 must let it in
+/// (the waiter counts itself and fences before its last check, `set_shares` fences before it
+/// reads the counts).
+#[test]
+fn set_shares_wakes_a_waiter_it_makes_room_for() {
+    model(|| {
+        let narrow = TierShares::new(1.0, 0.9, 0.75, 0.25).unwrap();
+        let wide = TierShares::new(1.0, 0.9, 0.75, 0.5).unwrap();
+        let limit = ConcurrencyLimit::new(Fixed::new(4).unwrap().into(), narrow);
+        let held = limit.try_acquire(Criticality::Sheddable).unwrap();
+        let waiter = {
+            let limit = limit.clone();
+            thread::spawn(move || {
+                loom::future::block_on(limit.acquire(Criticality::Sheddable)).in_flight_at_start()
+            })
+        };
+        limit.set_shares(wide);
+        assert_eq!(waiter.join().unwrap(), 2);
+        drop(held);
+        assert_eq!(limit.in_flight(), 0);
+    });
+}
+
+/// A live `set_algorithm` that raises the limit wakes a waiter: limit 1, taken; a Critical
+/// waiter blocks; a fixed limit of 2 must let it in without any release.
+#[test]
+fn set_algorithm_wakes_a_waiter_it_makes_room_for() {
+    model(|| {
+        let limit = ConcurrencyLimit::new(Fixed::new(1).unwrap().into(), TierShares::default());
+        let held = limit.try_acquire(Criticality::Critical).unwrap();
+        let waiter = {
+            let limit = limit.clone();
+            thread::spawn(move || {
+                loom::future::block_on(limit.acquire(Criticality::Critical)).in_flight_at_start()
+            })
+        };
+        limit.set_algorithm(Fixed::new(2).unwrap().into());
+        assert_eq!(waiter.join().unwrap(), 2);
+        drop(held);
+        assert_eq!(limit.in_flight(), 0);
+    });
+}
+
+/// The intake's hand-over of its source to the workers (`src/runtime/intake.rs`, `Shared` and
+/// `PullForIntake`), as a model of its three steps: the intake sets `open` before it waits for
+/// room and clears it when it wakes, then takes the source's lock; a worker pulls only holding
+/// that lock (`try_lock`) and seeing `open` under it, and leaves what the intake must hold in
+/// `returned` before it lets go. So once the intake has the lock back, no worker pulls until it
+/// opens again, and the intake sees everything a worker left (the runtime's code uses tokio's
+/// and parking_lot's mutexes where this model has loom's).
+#[test]
+fn no_worker_pulls_once_the_intake_has_its_source_back() {
+    use loom::sync::atomic::{AtomicBool, Ordering};
+    use loom::sync::Mutex;
+
+    struct Source {
+        pulled: u32,
+        /// The intake took the source back (it never opens again in this model).
+        intake_has_it: bool,
+    }
+    struct Shared {
+        open: AtomicBool,
+        source: Mutex<Source>,
+        returned: Mutex<Vec<u32>>,
+    }
+    fn worker_pull(shared: &Shared) {
+        if !shared.open.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(mut source) = shared.source.try_lock() else {
+            return;
+        };
+        if !shared.open.load(Ordering::Acquire) {
+            return;
+        }
+        assert!(
+            !source.intake_has_it,
+            "a worker pulled after the intake took its source back"
+        );
+        source.pulled += 1;
+        // Each pull leaves one refused message for the intake to hold.
+        shared.returned.lock().unwrap().push(source.pulled);
+    }
+    model(|| {
+        let shared = Arc::new(Shared {
+            // The intake opened before it waited.
+            open: AtomicBool::new(true),
+            source: Mutex::new(Source {
+                pulled: 0,
+                intake_has_it: false,
+            }),
+            returned: Mutex::new(Vec::new()),
+        });
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                let shared = Arc::clone(&shared);
+                thread::spawn(move || worker_pull(&shared))
+            })
+            .collect();
+        // The intake wakes: closes, then takes its source back.
+        shared.open.store(false, Ordering::Release);
+        let pulled = {
+            let mut source = shared.source.lock().unwrap();
+            source.intake_has_it = true;
+            let returned = shared.returned.lock().unwrap().len() as u32;
+            assert_eq!(
+                returned, source.pulled,
+                "a hand-back the intake did not see"
+            );
+            source.pulled
+        };
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert_eq!(shared.source.lock().unwrap().pulled, pulled);
     });
 }

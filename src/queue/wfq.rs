@@ -298,6 +298,26 @@ impl<T> WfqQueue<T> {
         self.push_unchecked(item, meta)
     }
 
+    /// Like [`push_admitted`](Self::push_admitted), but wakes no consumer: for a consumer that
+    /// pushes what it pulled itself and pops right after (the runtime's worker pulling for its
+    /// intake, `runtime::intake::PullForIntake`), so that its pushes do not wake others to
+    /// race it for them; a pop that leaves items wakes the next consumer as usual.
+    pub(crate) fn push_admitted_quiet(
+        &self,
+        item: T,
+        meta: Meta,
+    ) -> Result<Evictions<T>, PushError<T>> {
+        if self.shed_level.load(Ordering::Relaxed) == CLOSED_LEVEL {
+            return Err(PushError::Closed(item));
+        }
+        let now = self.now();
+        let mut st = self.state.lock();
+        let (evicted, _) = st.core.push(item, meta, now, || self.clock.now())?;
+        self.changed(&mut st, now);
+        drop(st);
+        Ok(evicted)
+    }
+
     #[inline]
     fn push_unchecked(&self, item: T, meta: Meta) -> Result<Evictions<T>, PushError<T>> {
         let now = self.now();

@@ -317,7 +317,17 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// The refuse path (Drop or Backpressure) allocates nothing and logs nothing: a queue push
     /// that fails on one atomic load, counter increments on pre-registered handles, and the
     /// ack's resolve.
-    pub(crate) fn offer(self: &Arc<Self>, mut item: Item<T>) -> Offer<T> {
+    pub(crate) fn offer(self: &Arc<Self>, item: Item<T>) -> Offer<T> {
+        self.offer_with(item, false)
+    }
+
+    /// [`offer`](Self::offer) for a worker that pulled the item itself and pops right after:
+    /// its push wakes no other worker (see `WfqQueue::push_admitted_quiet`).
+    pub(crate) fn offer_quiet(self: &Arc<Self>, item: Item<T>) -> Offer<T> {
+        self.offer_with(item, true)
+    }
+
+    fn offer_with(self: &Arc<Self>, mut item: Item<T>, quiet: bool) -> Offer<T> {
         let tier = item.tier();
         let seq = self.refusals.load(Ordering::Relaxed);
         let sampled = seq % REJECT_SAMPLE_EVERY == 0;
@@ -365,12 +375,20 @@ impl<T: Send + Sync + 'static> Inner<T> {
             .size_bytes(item.size_bytes);
         let pushed = if item.pushed {
             self.queue.push(item, meta)
+        } else if quiet {
+            self.queue.push_admitted_quiet(item, meta)
         } else {
             self.queue.push_admitted(item, meta)
         };
         match pushed {
             Ok(evicted) => {
-                self.last_work_ns[tier.rank()].store(self.recent_ns().max(1), Ordering::Relaxed);
+                // Recent time moves once per millisecond: stored only when it moved, so most
+                // pushes only read a line that every thread's pushes would otherwise write.
+                let now = self.recent_ns().max(1);
+                let last_work = &self.last_work_ns[tier.rank()];
+                if last_work.load(Ordering::Relaxed) != now {
+                    last_work.store(now, Ordering::Relaxed);
+                }
                 if first_admission {
                     self.accounts.metrics.tiers[tier].admitted.increment(1);
                     self.accounts.admitted[tier.rank()].fetch_add(1, Ordering::Relaxed);
@@ -730,8 +748,19 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 Err(TryPopError::Closed) => return false,
                 Err(_) => {}
             }
-            // Pulls what the intake would, rather than wait for it to.
+            // Pulls what the intake would, rather than wait for it to; its pushes woke no one,
+            // so if this worker's tiers cannot take them now, the others are told.
             if self.pull_for_intake() {
+                match self.queue.pop_batch_masked(self.worker_mask(), max, out) {
+                    Ok(_) => {
+                        self.wake_intake();
+                        return true;
+                    }
+                    Err(TryPopError::Closed) => return false,
+                    Err(_) => {
+                        self.queue.not_empty().notify(1);
+                    }
+                }
                 continue;
             }
             if !yielded {

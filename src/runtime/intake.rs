@@ -414,7 +414,7 @@ where
                 continue;
             };
             let rank = item.tier().rank();
-            match inner.offer(item) {
+            match inner.offer_quiet(item) {
                 Offer::Taken => offered = true,
                 other => {
                     self.returned.lock().push((rank, other));
@@ -634,7 +634,10 @@ pub(crate) async fn run<S: Source>(
     inner.held.fetch_sub(held.len() as i64, Ordering::Relaxed);
     // Dropping them releases them unacknowledged.
     drop(held);
-    inner.pulling.fetch_sub(1, Ordering::AcqRel);
+    if inner.pulling.fetch_sub(1, Ordering::AcqRel) == 1 {
+        inner.accounts.sources_done.store(true, Ordering::Release);
+    }
+    inner.accounts.idle.notify_waiters();
     // Every message taken is resolved or released before the final acknowledgement, so the
     // watermark it commits is the last one.
     drained.cancelled().await;

@@ -20,6 +20,12 @@ pub(crate) struct Accounts {
     /// handler, waiting to retry). Counted by construction and destruction of [`Item`], not
     /// by the ledger, so comparing the two is a real check.
     pub(crate) alive: AtomicI64,
+    /// Notified when `alive` falls to 0 with no source pulling (see
+    /// [`leave`](Accounts::leave)), for `wait_idle`.
+    pub(crate) idle: tokio::sync::Notify,
+    /// No source is pulling (`Inner::pulling` is 0): only then is `alive` falling to 0 worth
+    /// telling `wait_idle` (while sources pull it does so after every batch).
+    pub(crate) sources_done: std::sync::atomic::AtomicBool,
     /// Messages refused at admission at least once, per tier (rank) they were offered at.
     pub(crate) refused: [AtomicU64; 4],
     /// Messages admitted into the queue at least once, per tier (rank) they were queued at.
@@ -31,6 +37,20 @@ pub(crate) struct Accounts {
     pub(crate) memory: MemoryBudget,
     /// Each item's first admission decision, per original tier.
     pub(crate) decisions: Decisions,
+}
+
+impl Accounts {
+    /// `n` items left the runtime (settled or released): counted out of `alive`, and a waiter
+    /// of `wait_idle` is told when none is left.
+    #[inline]
+    pub(crate) fn leave(&self, n: i64) {
+        // A stale `sources_done` only delays `wait_idle` to its next poll.
+        if self.alive.fetch_sub(n, Ordering::AcqRel) == n
+            && self.sources_done.load(Ordering::Acquire)
+        {
+            self.idle.notify_waiters();
+        }
+    }
 }
 
 /// The message, owned until a handler first needs a shared handle: admission and refusal never
@@ -81,7 +101,12 @@ pub(crate) struct Item<T> {
     waiting: bool,
     /// The `REASONS` index of its last refusal (meaningful only once refused).
     pub(crate) last_refusal: u8,
-    ack: Option<Ack>,
+    /// Its acknowledgement, until [`take_ack`](Self::take_ack) (then a no-op ack and `acked`:
+    /// an `Option<Ack>` would take 8 more bytes, and an item is moved several times per
+    /// message).
+    ack: Ack,
+    /// The ack was taken: settled, released or handed back.
+    acked: bool,
     accounts: Arc<Accounts>,
 }
 
@@ -107,7 +132,8 @@ impl<T> Item<T> {
             decided: false,
             waiting: false,
             last_refusal: 0,
-            ack: Some(env.ack),
+            ack: env.ack,
+            acked: false,
             accounts: Arc::clone(accounts),
         }
     }
@@ -151,12 +177,12 @@ impl<T> Item<T> {
             },
             Payload::Moving => unreachable!("payload moved twice"),
         };
-        let ack = self.ack.take().unwrap_or_else(Ack::noop);
+        let ack = self.take_ack().unwrap_or_else(Ack::noop);
         self.accounts.ledger.record_released(self.original);
         self.accounts.metrics.tiers[self.original]
             .released
             .increment(1);
-        self.accounts.alive.fetch_sub(1, Ordering::Relaxed);
+        self.accounts.leave(1);
         self.leave_memory();
         Ok(Envelope {
             payload,
@@ -199,10 +225,10 @@ impl<T> Item<T> {
     /// payload's shared handle, if it has one, for [`share_reusing`](Self::share_reusing).
     pub(crate) fn settle(mut self, disposition: Disposition) -> Option<Arc<T>> {
         self.accounts.ledger.record(self.original, disposition);
-        if let Some(ack) = self.ack.take() {
+        if let Some(ack) = self.take_ack() {
             ack.resolve(disposition);
         }
-        self.accounts.alive.fetch_sub(1, Ordering::Relaxed);
+        self.accounts.leave(1);
         self.leave_memory();
         match std::mem::replace(&mut self.payload, Payload::Moving) {
             Payload::Shared(arc) => Some(arc),
@@ -215,7 +241,7 @@ impl<T> Item<T> {
     /// The caller must, in this order: record the disposition in the ledger, resolve the
     /// returned ack, then count the item out of `alive` and its bytes out of the memory budget.
     pub(crate) fn settle_later(mut self) -> Settled<T> {
-        let ack = self.ack.take();
+        let ack = self.take_ack();
         // An offer takes an item out of waiting: a served one never is; were it, its bytes
         // leave now, the working set's too.
         let bytes = if self.waiting {
@@ -233,6 +259,16 @@ impl<T> Item<T> {
             bytes,
             payload,
         }
+    }
+
+    /// The ack, the first time: `None` once taken.
+    #[inline]
+    fn take_ack(&mut self) -> Option<Ack> {
+        if self.acked {
+            return None;
+        }
+        self.acked = true;
+        Some(std::mem::replace(&mut self.ack, Ack::noop()))
     }
 
     /// Its bytes leave the memory budget (settled or released: exactly once, as the ack).
@@ -267,12 +303,12 @@ impl<T> Item<T> {
 
 impl<T> Drop for Item<T> {
     fn drop(&mut self) {
-        if let Some(ack) = self.ack.take() {
+        if let Some(ack) = self.take_ack() {
             self.accounts.ledger.record_released(self.original);
             self.accounts.metrics.tiers[self.original]
                 .released
                 .increment(1);
-            self.accounts.alive.fetch_sub(1, Ordering::Relaxed);
+            self.accounts.leave(1);
             self.leave_memory();
             ack.release();
         }

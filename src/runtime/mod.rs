@@ -246,6 +246,8 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             ledger: crate::ledger::Ledger::new(),
             metrics: metrics::Metrics::register(),
             alive: AtomicI64::new(0),
+            idle: tokio::sync::Notify::new(),
+            sources_done: std::sync::atomic::AtomicBool::new(true),
             refused: Default::default(),
             admitted: Default::default(),
             withdrawn: Default::default(),
@@ -400,6 +402,10 @@ impl<T: Send + Sync + 'static> Runtime<T> {
 
     fn attach_mode<S: Source<Payload = T>>(&mut self, source: S, mode: intake::Mode) {
         self.inner.pulling.fetch_add(1, Ordering::AcqRel);
+        self.inner
+            .accounts
+            .sources_done
+            .store(false, Ordering::Release);
         let lag = Arc::new(AtomicU64::new(u64::MAX));
         if mode == intake::Mode::Normal {
             self.inner.lags.lock().push(Arc::clone(&lag));
@@ -619,12 +625,20 @@ impl<T: Send + Sync + 'static> Runtime<T> {
     /// `dead_letters_held`.
     pub async fn wait_idle(&self) {
         loop {
+            // Told when `alive` falls to 0 or a source's intake ends; the poll interval bounds
+            // the wait whatever happens.
+            let idle = self.inner.accounts.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
             let pulling = self.inner.pulling.load(Ordering::Acquire);
             let alive = self.inner.accounts.alive.load(Ordering::Acquire);
             if pulling == 0 && alive == 0 {
                 return;
             }
-            tokio::time::sleep(self.inner.poll_interval()).await;
+            tokio::select! {
+                _ = idle => {}
+                _ = tokio::time::sleep(self.inner.poll_interval()) => {}
+            }
         }
     }
 

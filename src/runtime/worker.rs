@@ -113,10 +113,7 @@ impl Tally {
             ack.resolve(Disposition::Completed);
         }
         if settled > 0 {
-            inner
-                .accounts
-                .alive
-                .fetch_sub(settled as i64, Ordering::Release);
+            inner.accounts.leave(settled as i64);
             inner.accounts.memory.remove(self.settled_bytes, false);
         }
         *self = Tally::default();
