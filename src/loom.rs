@@ -10,10 +10,12 @@
 //! ```
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{
+    fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 
 /// A mutex with parking_lot's interface: `lock` returns the guard (no poisoning).
 #[derive(Debug, Default)]

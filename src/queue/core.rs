@@ -14,43 +14,60 @@ use super::{
 };
 use crate::Criticality;
 
+/// The fields every push or pop touches come first, in declaration order (`repr(C)`), so that
+/// an operation touches few cache lines: with producers and consumers on different cores each
+/// line it touches moves between them, inside the critical section (see `mod.rs`).
+#[repr(C)]
 pub(crate) struct Core<T> {
+    len: usize,
+    capacity: usize,
+    total_bytes: usize,
+    /// The byte budget, `usize::MAX` for none.
+    max_bytes: usize,
+    /// Bit `rank` set per non-empty tier, kept as items come and go.
+    backlog: u8,
+    closed: bool,
+    /// Before this instant queue-age admission cannot leave level 0 (kept for `WfqQueue`,
+    /// which decides it; here so it shares the first cache line with the lock).
+    pub(crate) recheck_at: Option<Instant>,
+    /// Items taken out by pops (served or expired).
+    pops: u64,
+    sched: Stride,
+    /// Items accepted per tier, indexed by rank (the hot half of `TierStats::pushed`).
+    pushed: [u64; 4],
+    /// Items served per tier, indexed by rank (`TierStats::popped`).
+    popped: [u64; 4],
+    bytes: [usize; 4],
     /// FIFO per tier, indexed by rank: push at the back, serve from the front, evict from the
     /// back (the newest).
     tiers: [VecDeque<Entry<T>>; 4],
-    bytes: [usize; 4],
-    len: usize,
-    total_bytes: usize,
-    capacity: usize,
-    max_bytes: Option<usize>,
-    sched: Stride,
-    /// Bit `rank` set per non-empty tier, kept as items come and go.
-    backlog: u8,
-    /// Items taken out by pops (served or expired).
-    pops: u64,
-    stats: [TierStats; 4],
-    closed: bool,
     /// At or before every deadline held (a lower bound: serving the earliest does not raise
     /// it). A push that needs room looks for expired items only once this has passed, so a
     /// full queue of live items pays one comparison, not a scan.
     earliest_deadline: Option<Instant>,
+    /// The counters of the slow paths (refusals, evictions, expiries, drains); `pushed` and
+    /// `popped` above are added in by [`stats`](Self::stats).
+    stats: [TierStats; 4],
 }
 
 impl<T> Core<T> {
     pub(crate) fn new(capacity: usize, max_bytes: Option<usize>, weights: [u32; 4]) -> Self {
         Core {
-            tiers: Default::default(),
-            bytes: [0; 4],
             len: 0,
-            total_bytes: 0,
             capacity,
-            max_bytes,
-            sched: Stride::new(weights),
+            total_bytes: 0,
+            max_bytes: max_bytes.unwrap_or(usize::MAX),
             backlog: 0,
-            pops: 0,
-            stats: [TierStats::default(); 4],
             closed: false,
+            recheck_at: None,
+            pops: 0,
+            sched: Stride::new(weights),
+            pushed: [0; 4],
+            popped: [0; 4],
+            bytes: [0; 4],
+            tiers: Default::default(),
             earliest_deadline: None,
+            stats: [TierStats::default(); 4],
         }
     }
 
@@ -90,9 +107,8 @@ impl<T> Core<T> {
         tier: Criticality,
         item: U,
     ) -> PushError<U> {
-        let s = &mut self.stats[tier.rank()];
-        s.pushed += 1;
-        s.refused[reason.index()] += 1;
+        self.pushed[tier.rank()] += 1;
+        self.stats[tier.rank()].refused[reason.index()] += 1;
         PushError::new(reason, item)
     }
 
@@ -112,10 +128,7 @@ impl<T> Core<T> {
     ) -> Result<(Evictions<T>, bool), PushError<T>> {
         let size = meta.size_bytes;
         // The common case: room, open, no budget exceeded. One branch, no eviction set built.
-        if self.len < self.capacity
-            && !self.closed
-            && size <= self.max_bytes.unwrap_or(usize::MAX) - self.total_bytes
-        {
+        if self.len < self.capacity && !self.closed && size <= self.max_bytes - self.total_bytes {
             let new_head = self.enqueue(item, meta, now);
             return Ok((Evictions::none(), new_head));
         }
@@ -142,9 +155,11 @@ impl<T> Core<T> {
             self.sched.activate(rank);
         }
         self.len += 1;
-        self.bytes[rank] += size;
-        self.total_bytes += size;
-        self.stats[rank].pushed += 1;
+        if size != 0 {
+            self.bytes[rank] += size;
+            self.total_bytes += size;
+        }
+        self.pushed[rank] += 1;
         was_empty
     }
 
@@ -161,7 +176,7 @@ impl<T> Core<T> {
             return Err(self.refuse(RefuseReason::Closed, meta.criticality, item));
         }
         let size = meta.size_bytes;
-        let max_bytes = self.max_bytes.unwrap_or(usize::MAX);
+        let max_bytes = self.max_bytes;
         if size > max_bytes {
             return Err(self.refuse(RefuseReason::TooLarge, meta.criticality, item));
         }
@@ -293,10 +308,14 @@ impl<T> Core<T> {
         Some(e)
     }
 
+    #[inline]
     fn take_out(&mut self, rank: usize, e: &Entry<T>) {
         self.len -= 1;
-        self.bytes[rank] -= e.meta.size_bytes;
-        self.total_bytes -= e.meta.size_bytes;
+        let size = e.meta.size_bytes;
+        if size != 0 {
+            self.bytes[rank] -= size;
+            self.total_bytes -= size;
+        }
     }
 
     /// Serves the next item by weight; an item whose deadline passed is handed back as expired
@@ -330,15 +349,20 @@ impl<T> Core<T> {
             return Some(Dequeued::Expired(e));
         }
         self.sched.charge(rank);
-        self.stats[rank].popped += 1;
+        self.popped[rank] += 1;
         Some(Dequeued::Ready(e))
+    }
+
+    /// Whether `count` more items of `bytes` in all fit under the count bound and the byte
+    /// budget as they stand.
+    pub(crate) fn has_room(&self, count: usize, bytes: usize) -> bool {
+        self.len + count <= self.capacity && bytes <= self.max_bytes - self.total_bytes
     }
 
     /// Puts an entry that a pop took out as ready, and that was not served, back at the head
     /// of its tier with its stamp, as if the pop had not happened (its tier's scheduling charge
-    /// refunded). Entries go back in the reverse order of their pops. Ignores the bounds: the
-    /// entry was counted in them when popped, and the next push that needs room makes it as
-    /// usual.
+    /// refunded). Entries go back in the reverse order of their pops. Does not check the
+    /// bounds: the caller does ([`has_room`](Self::has_room)).
     pub(crate) fn requeue_front(&mut self, e: Entry<T>) {
         let rank = e.meta.criticality.rank();
         let size = e.meta.size_bytes;
@@ -354,7 +378,7 @@ impl<T> Core<T> {
         self.bytes[rank] += size;
         self.total_bytes += size;
         self.pops = self.pops.saturating_sub(1);
-        self.stats[rank].popped = self.stats[rank].popped.saturating_sub(1);
+        self.popped[rank] = self.popped[rank].saturating_sub(1);
     }
 
     /// After [`requeue_front`](Self::requeue_front) of every entry popped after one of tier
@@ -394,9 +418,9 @@ impl<T> Core<T> {
         max_bytes: Option<usize>,
     ) -> Vec<Entry<T>> {
         self.capacity = capacity;
-        self.max_bytes = max_bytes;
+        self.max_bytes = max_bytes.unwrap_or(usize::MAX);
         let mut out = Vec::new();
-        let limit = max_bytes.unwrap_or(usize::MAX);
+        let limit = self.max_bytes;
         while self.len > self.capacity || self.total_bytes > limit {
             match self.evict_below(Criticality::COUNT) {
                 Some(e) => out.push(e),
@@ -426,6 +450,8 @@ impl<T> Core<T> {
     pub(crate) fn stats(&self, shed_level: u8, overloaded: [u64; 4]) -> QueueStats {
         let mut tiers = self.stats;
         for (rank, t) in tiers.iter_mut().enumerate() {
+            t.pushed += self.pushed[rank];
+            t.popped += self.popped[rank];
             t.depth = self.tiers[rank].len() as u64;
             t.bytes = self.bytes[rank] as u64;
             t.pushed += overloaded[rank];

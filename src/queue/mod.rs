@@ -37,38 +37,62 @@
 //! Every operation touches scheduler state shared by the four tiers (the passes, the counts,
 //! the byte budget), eviction takes the *newest* item of the lowest tier below the incoming
 //! one, atomically across tiers, and a push into a full queue first discards what has
-//! expired. So the state sits behind one `parking_lot::Mutex`, and the work done under it was
-//! slimmed until no single part stands out (callgrind, instructions per push+pop: 591 before,
-//! 252 now, crossbeam's `ArrayQueue` 95):
+//! expired. So the state sits behind one lock, and the work done under it was slimmed until
+//! no single part stands out (callgrind, instructions per push+pop: 591, then 252, now 244;
+//! crossbeam's `ArrayQueue` 95):
 //!
 //! - the backlog bitmask is kept as items come and go, not rebuilt from four `is_empty`;
 //! - queue-age admission is re-evaluated only when it can change: at level 0 nothing a push or
 //!   pop does can age the oldest item, so until that item reaches the lowest cut-off no
 //!   operation recomputes the ages (it was a third of the cost);
 //! - a push with room builds no eviction set; a pop counts itself under the lock (a plain
-//!   store published after it, not a locked add); the stride pick visits set bits only;
+//!   store published after it, not a locked add); the stride pick visits set bits only, and
+//!   none when one tier is a candidate; an item of size 0 touches no byte counter;
 //! - the precise clock is read only near a deadline (above);
 //! - [`WfqQueue::push_batch`] and [`WfqQueue::pop_batch_masked`] pay the lock, the wake-up
 //!   check and the clock read once per batch.
 //!
-//! What it gives up, measured in BENCHMARKS.md: one push+pop costs two lock round-trips, so a
-//! single thread is about 3x crossbeam's `ArrayQueue` (under 2x in batches of 32), and six
-//! threads contending on two cores serialise on the lock where a lock-free channel does not
-//! (a third of a bounded crossbeam-channel's throughput one item at a time). Blocking pushes
-//! and pops spin, then yield, before they park, as crossbeam-channel does, and async ones
-//! yield to the executor once before they register to sleep; with async tasks the queue keeps
-//! up with async-channel.
+//! Instructions were not what separated the queue from `ArrayQueue` most: atomic
+//! read-modify-writes and cache lines were. `parking_lot::Mutex` takes its lock with a
+//! compare-and-swap and releases it with another (it must learn whether a thread is parked),
+//! four per push+pop against `ArrayQueue`'s two; and the state an operation touches was spread
+//! over as many cache lines as Rust's field order happened to give, each of which moves
+//! between cores inside the critical section when producers and consumers run on different
+//! cores. So the lock is now `lock.rs`'s, taken by one compare-and-swap and released by a
+//! plain store (two read-modify-writes per push+pop, as `ArrayQueue`); it never parks, so a
+//! waiter spins, then yields, while a descheduled holder finishes (see `lock.rs` for what that
+//! gives up). And the fields every push and pop touches come first (`repr(C)`), the lock's
+//! flag, the counts and the admission recheck instant in one cache line, the scheduler's
+//! passes and the per-tier push and pop counters in the next ones.
+//!
+//! What it still gives up, measured in BENCHMARKS.md: six threads on two cores serialise on
+//! the one lock, where a lock-free channel's producers and consumers touch different cache
+//! lines, and a holder descheduled inside its critical section holds everyone up. Blocking
+//! pushes and pops spin, then yield, before they park, as crossbeam-channel does, and async
+//! ones yield to the executor once before they register to sleep; with async tasks the queue
+//! keeps up with async-channel.
 //! The alternative measured in issue 11, four lock-free rings (one per tier) with an atomic
 //! total, reached 1.8x `ArrayQueue` single-threaded but cannot take the newest item off a
 //! ring's tail, so it would give up eviction of the newest item (and the expiry scan) or need
-//! a lock for them anyway. A worker that spends microseconds per message is not limited by a
-//! queue that spends tens of nanoseconds, and the refuse path (admission) never takes the
-//! lock.
+//! a lock for them anyway; the stride scheduler's passes would also need a lock or a
+//! compare-and-swap loop of their own, shared by every consumer. A worker that spends
+//! microseconds per message is not limited by a queue that spends tens of nanoseconds, and
+//! the refuse path (admission) never takes the lock.
+//!
+//! # Requeue stays within the bounds
+//!
+//! A batch worker whose handler waits hands the rest of its batch back to the heads of their
+//! tiers (`WfqQueue::requeue`). The intake may have filled the room the batch left meanwhile,
+//! so the queue takes back only what fits under the count bound and the byte budget, the
+//! batch's last pops first (so the stride charges it refunds are the latest ones), and the
+//! worker keeps the rest, in order, and serves them after its current call. It used to put
+//! them all back regardless, up to 31 items over capacity.
 
 mod config;
 mod core;
 mod entry;
 mod error;
+mod lock;
 mod scheduler;
 mod stats;
 mod time;

@@ -32,25 +32,28 @@ const SCALE: u64 = 720_720 * 1024;
 /// `SCALE` < 2^30 per dequeue).
 const REBASE_AT: u64 = 1 << 62;
 
+/// What every pick and charge touches first (`repr(C)`: one cache line with the queue's
+/// counters, see `Core`).
 #[derive(Clone, Debug)]
+#[repr(C)]
 pub(crate) struct Stride {
-    /// Indexed by rank.
-    stride: [u64; 4],
     /// Indexed by rank.
     pass: [u64; 4],
     vtime: u64,
     /// Tiers that were candidates (backlogged and in the mask) at the last pick: a tier not
     /// among them is activated when it becomes one.
     eligible: u8,
+    /// Indexed by rank.
+    stride: [u64; 4],
 }
 
 impl Stride {
     pub(crate) fn new(weights: [u32; 4]) -> Self {
         let mut s = Stride {
-            stride: [0; 4],
             pass: [0; 4],
             vtime: 0,
             eligible: 0,
+            stride: [0; 4],
         };
         s.set_weights(weights);
         // Start each tier half a stride in, so the first round interleaves like every other
@@ -90,6 +93,10 @@ impl Stride {
         }
         if candidates == 0 {
             return None;
+        }
+        if candidates & (candidates - 1) == 0 {
+            // One candidate (a queue that keeps up holds one tier at a time): nothing to compare.
+            return Some(candidates.trailing_zeros() as usize);
         }
         // From the top so that ties go to the more critical tier; only the set bits.
         let mut rest = candidates;

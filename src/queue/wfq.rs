@@ -7,12 +7,13 @@ use event_listener::{Event, IntoNotification, Listener};
 use quanta::{Clock, Instant};
 
 use super::core::Core;
+use super::lock::SpinLock;
 use super::{
     Closed, Dequeued, Entry, Evictions, Meta, PopTimeoutError, PushError, QueueStats, Removed,
     TryPopError, WfqConfig,
 };
 use crate::admission::{admits_at, QueueAgeAdmission};
-use crate::loom::{AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering};
+use crate::loom::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use crate::{ConfigError, Criticality, PerTier};
 
 /// Shed level that refuses every tier because the queue is closed (levels 0..=4 are admission's).
@@ -124,13 +125,12 @@ impl TierMask {
     }
 }
 
+/// The core first (`repr(C)`): its hot fields share the lock's cache line.
+#[repr(C)]
 struct State<T> {
     core: Core<T>,
     admission: QueueAgeAdmission,
     config: WfqConfig,
-    /// Before this instant queue-age admission cannot leave level 0, so pushes and pops skip
-    /// its re-evaluation (see [`WfqQueue::observe`]).
-    recheck_at: Option<Instant>,
 }
 
 /// A bounded, weighted-fair, multi-producer multi-consumer queue with one FIFO per criticality
@@ -178,7 +178,7 @@ struct State<T> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct WfqQueue<T> {
-    state: CachePadded<Mutex<State<T>>>,
+    state: CachePadded<SpinLock<State<T>>>,
     /// Queue-age admission's decision, or [`CLOSED_LEVEL`]: read without the lock at push.
     shed_level: CachePadded<AtomicU8>,
     len: AtomicUsize,
@@ -230,11 +230,10 @@ impl<T> WfqQueue<T> {
         );
         let admission = QueueAgeAdmission::new(&config.admission);
         Ok(WfqQueue {
-            state: CachePadded::new(Mutex::new(State {
+            state: CachePadded::new(SpinLock::new(State {
                 core,
                 admission,
                 config,
-                recheck_at: None,
             })),
             shed_level: CachePadded::new(AtomicU8::new(0)),
             len: AtomicUsize::new(0),
@@ -804,28 +803,59 @@ impl<T> WfqQueue<T> {
     }
 
     /// Puts entries popped as ready but not served back at the head of their tiers, keeping
-    /// their stamps and refunding their tiers' scheduling charges, under one lock: the first
-    /// given is served first, and the weighted-fair order goes on as if they had not been
-    /// popped. For a consumer that took a batch, served its item of tier `after` and cannot
-    /// serve the rest soon; `entries` are the pops that came right after that one. Once
-    /// closed, hands them back instead.
-    pub(crate) fn requeue<I>(&self, entries: I, after: Criticality) -> Vec<Entry<T>>
-    where
-        I: DoubleEndedIterator<Item = Entry<T>>,
-    {
+    /// their stamps and refunding their tiers' scheduling charges, under one lock, as far as the
+    /// bounds allow: for a consumer that took a batch, served its item of tier `after` and
+    /// cannot serve the rest soon.
+    ///
+    /// `batch` holds the pops that came right after that one, in **reverse** serving order (the
+    /// last element is the next to serve, as a worker holds its batch). The queue takes them
+    /// from the front of `batch` (the last popped first), so what goes back is always the tail
+    /// of the batch's pops and the weighted-fair order goes on as if they had not been popped.
+    /// It stops at the first that would exceed the count bound or the byte budget (pushes may
+    /// have filled the room the batch left) or that is not [`Dequeued::Ready`]: those stay in
+    /// `batch`, for the caller to serve itself, in the same order. So the queue never holds more
+    /// than its bounds, and nothing is evicted or refused for an item that was already admitted.
+    ///
+    /// Returns how many went back. Once the queue is closed, takes nothing and returns
+    /// [`Closed`]: the caller hands every entry of `batch` on as a queued item at shutdown.
+    pub(crate) fn requeue(
+        &self,
+        batch: &mut Vec<Dequeued<T>>,
+        after: Criticality,
+    ) -> Result<usize, Closed> {
         let mut st = self.state.lock();
         if st.core.is_closed() {
-            return entries.collect();
+            return Err(Closed);
         }
-        let mut any = false;
-        for e in entries.rev() {
-            st.core.requeue_front(e);
-            any = true;
+        let mut count = 0;
+        let mut bytes = 0;
+        let fits = batch
+            .iter()
+            .take_while(|d| match d {
+                Dequeued::Ready(e) => {
+                    count += 1;
+                    bytes += e.meta.size_bytes;
+                    st.core.has_room(count, bytes)
+                }
+                Dequeued::Expired(_) => false,
+            })
+            .count();
+        if fits == 0 {
+            return Ok(0);
         }
-        if !any {
-            return Vec::new();
+        // The service the requeued pops came after: the latest ready one this caller keeps,
+        // else the one it is serving.
+        let last_kept = batch[fits..]
+            .iter()
+            .find_map(|d| match d {
+                Dequeued::Ready(e) => Some(e.meta.criticality),
+                Dequeued::Expired(_) => None,
+            })
+            .unwrap_or(after);
+        for d in batch.drain(..fits) {
+            st.core.requeue_front(d.into_entry());
         }
-        st.core.requeued_after(after.rank());
+        st.core.requeued_after(last_kept.rank());
         let now = self.now();
         // Older heads again: admission is re-evaluated now, not at its next recheck.
         self.observe(&mut st, now);
@@ -835,7 +865,7 @@ impl<T> WfqQueue<T> {
         if self.waiters.load(Ordering::Relaxed) > 0 {
             self.not_empty.notify(usize::MAX.additional());
         }
-        Vec::new()
+        Ok(fits)
     }
 
     /// The tiers holding items now.
@@ -856,7 +886,7 @@ impl<T> WfqQueue<T> {
     #[inline]
     fn changed(&self, st: &mut State<T>, now: Instant) {
         self.len.store(st.core.len(), Ordering::Relaxed);
-        if st.recheck_at.is_some_and(|at| now < at) {
+        if st.core.recheck_at.is_some_and(|at| now < at) {
             return;
         }
         self.observe(st, now);
@@ -874,11 +904,11 @@ impl<T> WfqQueue<T> {
         self.len.store(st.core.len(), Ordering::Relaxed);
         if !st.config.admission.enabled {
             // Nothing to re-evaluate until `reconfigure` enables it (which observes).
-            st.recheck_at = now.checked_add(Duration::from_secs(86_400));
+            st.core.recheck_at = now.checked_add(Duration::from_secs(86_400));
             return;
         }
         let level = st.admission.observe(st.core.ages(now));
-        st.recheck_at = if level == 0 {
+        st.core.recheck_at = if level == 0 {
             // Items queued after `now` are younger than `now`, so `now` bounds an empty queue.
             let oldest = st.core.oldest().map_or(now, |o| o.min(now));
             oldest.checked_add(st.config.admission.cutoff(Criticality::Sheddable))
@@ -968,5 +998,85 @@ impl<T> std::fmt::Debug for WfqQueue<T> {
             .field("shed_level", &self.shed_level())
             .field("closed", &self.is_closed())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::QueueAgeConfig;
+
+    fn queue(capacity: usize) -> WfqQueue<u32> {
+        let config = WfqConfig::with_capacity(capacity).admission(QueueAgeConfig::disabled());
+        WfqQueue::with_clock(config, Clock::mock().0).expect("valid config")
+    }
+
+    fn items(q: &WfqQueue<u32>) -> Vec<u32> {
+        std::iter::from_fn(|| q.try_pop().ok().map(|d| d.into_entry().into_inner())).collect()
+    }
+
+    /// A worker took a batch of 8 from a full queue of 8, served the first, and while its
+    /// handler waits the intake filled 6 of the 8 slots again: only 2 of the 7 it hands back
+    /// fit. They are the last 2 of the batch's pops; the first 5 stay with the worker, in
+    /// order, and the queue holds 8, never 13 (it held 13 before: the bound was ignored).
+    #[test]
+    fn requeue_stays_within_capacity() {
+        let q = queue(8);
+        for i in 0..8 {
+            assert!(q.push(i, Meta::new(Criticality::High)).unwrap().is_empty());
+        }
+        let mut batch = Vec::new();
+        assert_eq!(q.pop_batch(8, &mut batch), Ok(8));
+        batch.reverse();
+        let served = batch.pop().unwrap().into_entry().into_inner();
+        assert_eq!(served, 0);
+        for i in 100..106 {
+            assert!(q.push(i, Meta::new(Criticality::High)).unwrap().is_empty());
+        }
+        assert_eq!(q.requeue(&mut batch, Criticality::High), Ok(2));
+        assert_eq!(q.len(), 8);
+        let kept: Vec<u32> = batch
+            .into_iter()
+            .rev()
+            .map(|d| d.into_entry().into_inner())
+            .collect();
+        assert_eq!(kept, [1, 2, 3, 4, 5]);
+        assert_eq!(items(&q), [6, 7, 100, 101, 102, 103, 104, 105]);
+    }
+
+    /// With room, everything goes back, and the weighted-fair order goes on as if the batch
+    /// had not been taken: the same sequence as a queue that only served the first item.
+    #[test]
+    fn requeue_with_room_restores_the_order() {
+        let fill = |q: &WfqQueue<u32>| {
+            for i in 0..16 {
+                let tier = Criticality::ALL[(i % 4) as usize];
+                assert!(q.push(i, Meta::new(tier)).unwrap().is_empty());
+            }
+        };
+        let (a, b) = (queue(32), queue(32));
+        fill(&a);
+        fill(&b);
+        let mut batch = Vec::new();
+        assert_eq!(a.pop_batch(6, &mut batch), Ok(6));
+        batch.reverse();
+        let first = batch.pop().unwrap().into_entry();
+        assert_eq!(a.requeue(&mut batch, first.criticality()), Ok(5));
+        assert!(batch.is_empty());
+        let only_first = b.try_pop().unwrap().into_entry();
+        assert_eq!(first.into_inner(), only_first.into_inner());
+        assert_eq!(items(&a), items(&b));
+    }
+
+    #[test]
+    fn requeue_after_close_takes_nothing() {
+        let q = queue(4);
+        assert!(q.push(1, Meta::new(Criticality::High)).unwrap().is_empty());
+        assert!(q.push(2, Meta::new(Criticality::High)).unwrap().is_empty());
+        let mut batch = Vec::new();
+        assert_eq!(q.pop_batch(2, &mut batch), Ok(2));
+        let _ = q.close();
+        assert_eq!(q.requeue(&mut batch, Criticality::High), Err(Closed));
+        assert_eq!(batch.len(), 2);
     }
 }

@@ -842,7 +842,9 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// Puts the items of a worker's batch it did not start back at the head of their tiers, as
     /// if never taken (the batch's items popped after one of tier `after`, which is being
     /// served); those that came out expired are settled; at shutdown, the rest are handled as
-    /// queued items. Leaves `batch` empty.
+    /// queued items. What the queue has no room for (pushes filled what the batch left) stays
+    /// in `batch`, in order, for this worker to serve after its current call: the queue never
+    /// holds more than its capacity.
     pub(crate) fn requeue(
         self: &Arc<Self>,
         batch: &mut Vec<Dequeued<Item<T>>>,
@@ -861,9 +863,10 @@ impl<T: Send + Sync + 'static> Inner<T> {
             }
         }
         // `batch` is in reverse serving order: the last is the next to serve.
-        let entries = batch.drain(..).rev().map(Dequeued::into_entry);
-        for e in self.queue.requeue(entries, after) {
-            self.shutdown_item(e.into_inner());
+        if self.queue.requeue(batch, after).is_err() {
+            for d in batch.drain(..) {
+                self.shutdown_item(d.into_entry().into_inner());
+            }
         }
     }
 
