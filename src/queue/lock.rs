@@ -31,8 +31,9 @@
 //! mutex does, which is all the queue's waiter protocol asks of its lock (see `waiters` in
 //! `wfq.rs`). Under `cfg(loom)` the flag is loom's atomic, the value sits in loom's
 //! `UnsafeCell` (so a critical section that another could overlap is reported as a data
-//! race) and every failed attempt yields to loom's scheduler: `tests/loom_queue.rs` runs the
-//! queue's models over this lock.
+//! race), and a waiter sleeps on a condition variable instead of spinning (loom cannot
+//! bound a spin loop's interleavings): `tests/loom_queue.rs` runs the queue's models over
+//! this lock.
 
 use std::time::Duration;
 
@@ -45,13 +46,16 @@ use std::cell::UnsafeCell;
 use loom::cell::UnsafeCell;
 
 /// Rounds of exponential spinning (`2^step` spin hints each) before a waiter yields.
+#[cfg_attr(loom, allow(dead_code))]
 const SPINS: u32 = 6;
 
 /// Yields of the thread before a waiter naps.
+#[cfg_attr(loom, allow(dead_code))]
 const YIELDS: u32 = 1024;
 
 /// A waiter's sleep once spinning and yielding did not see the lock free: the holder has been
 /// descheduled for a while.
+#[cfg_attr(loom, allow(dead_code))]
 const NAP: Duration = Duration::from_micros(50);
 
 /// A lock around a `T` that never parks (see the module docs). The flag comes first
@@ -60,6 +64,9 @@ const NAP: Duration = Duration::from_micros(50);
 pub(crate) struct SpinLock<T> {
     locked: AtomicBool,
     value: UnsafeCell<T>,
+    /// Under loom a waiter sleeps here instead of spinning (see `lock_contended`).
+    #[cfg(loom)]
+    sleep: (loom::sync::Mutex<()>, loom::sync::Condvar),
 }
 
 // SAFETY: the lock hands out access to `value` to one thread at a time (the acquire
@@ -74,6 +81,8 @@ impl<T> SpinLock<T> {
         SpinLock {
             locked: AtomicBool::new(false),
             value: UnsafeCell::new(value),
+            #[cfg(loom)]
+            sleep: Default::default(),
         }
     }
 
@@ -90,6 +99,7 @@ impl<T> SpinLock<T> {
         self.guard()
     }
 
+    #[cfg(not(loom))]
     #[cold]
     #[inline(never)]
     fn lock_contended(&self) {
@@ -103,6 +113,33 @@ impl<T> SpinLock<T> {
             if self
                 .locked
                 .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+
+    /// Under loom, a waiter that finds the lock taken sleeps on a condition variable that
+    /// every release notifies, instead of spinning: loom explores every interleaving of a
+    /// spin loop's loads, and three threads spinning on one another exceed any useful bound.
+    /// The flag and its orderings are the same code as above, and a thread that comes after a
+    /// release takes the lock by the compare-and-swap alone, so the models still check that
+    /// the release store and the acquiring compare-and-swap order the critical sections.
+    #[cfg(loom)]
+    fn lock_contended(&self) {
+        let (mutex, condvar) = &self.sleep;
+        loop {
+            let mut g = mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            while self.locked.load(Ordering::Relaxed) {
+                g = condvar
+                    .wait(g)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+            drop(g);
+            if self
+                .locked
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
                 return;
@@ -130,12 +167,8 @@ impl<T> SpinLock<T> {
 
 /// One step of a waiter's patience (see the module docs).
 #[inline]
+#[cfg(not(loom))]
 fn wait(step: &mut u32) {
-    if cfg!(loom) {
-        #[cfg(loom)]
-        loom::thread::yield_now();
-        return;
-    }
     if *step < SPINS {
         for _ in 0..1u32 << *step {
             std::hint::spin_loop();
@@ -196,6 +229,14 @@ impl<T> Drop for SpinGuard<'_, T> {
             std::mem::ManuallyDrop::drop(&mut self.value)
         };
         self.lock.locked.store(false, Ordering::Release);
+        // Under loom, wake the sleepers (taking their mutex: one that saw the flag set is
+        // either waiting already or will see it clear).
+        #[cfg(loom)]
+        {
+            let (mutex, condvar) = &self.lock.sleep;
+            drop(mutex.lock());
+            condvar.notify_all();
+        }
     }
 }
 

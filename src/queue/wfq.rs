@@ -133,6 +133,16 @@ struct State<T> {
     config: WfqConfig,
 }
 
+/// The queue's state published after each change, read without the lock.
+#[repr(C)]
+struct Published {
+    /// Items held.
+    len: AtomicUsize,
+    /// Items taken out by pops (served or expired): lets a holder of refused items see cheaply
+    /// whether room may have appeared since it last tried.
+    pops: AtomicU64,
+}
+
 /// A bounded, weighted-fair, multi-producer multi-consumer queue with one FIFO per criticality
 /// tier.
 ///
@@ -181,12 +191,12 @@ pub struct WfqQueue<T> {
     state: CachePadded<SpinLock<State<T>>>,
     /// Queue-age admission's decision, or [`CLOSED_LEVEL`]: read without the lock at push.
     shed_level: CachePadded<AtomicU8>,
-    len: AtomicUsize,
+    /// What every push or pop writes for readers without the lock, on a cache line of its own:
+    /// the fields every operation only reads (the waiter counts, the clock) are not
+    /// invalidated on other cores by each write of these.
+    published: CachePadded<Published>,
     /// The count bound, mirrored for blocked producers that poll for room without the lock.
     capacity_hint: AtomicUsize,
-    /// Items taken out by pops (served or expired): lets a holder of refused items see cheaply
-    /// whether room may have appeared since it last tried.
-    pops: AtomicU64,
     /// Pushes refused by admission, per rank: counted outside the lock.
     overloaded: [CachePadded<AtomicU64>; 4],
     not_empty: Event,
@@ -236,9 +246,11 @@ impl<T> WfqQueue<T> {
                 config,
             })),
             shed_level: CachePadded::new(AtomicU8::new(0)),
-            len: AtomicUsize::new(0),
+            published: CachePadded::new(Published {
+                len: AtomicUsize::new(0),
+                pops: AtomicU64::new(0),
+            }),
             capacity_hint: AtomicUsize::new(capacity),
-            pops: AtomicU64::new(0),
             overloaded: Default::default(),
             not_empty: Event::new(),
             waiters: AtomicUsize::new(0),
@@ -325,10 +337,7 @@ impl<T> WfqQueue<T> {
         self.changed(&mut st, now);
         drop(st);
         if self.waiters.load(Ordering::Relaxed) > 0 {
-            // Not `additional`: a consumer woken already and not yet back here takes this item
-            // too, and wakes the next one if it leaves any (see `wake_next`), so a stream of
-            // pushes wakes one consumer per turn, not one per item.
-            self.not_empty.notify(1);
+            self.wake_one();
         }
         Ok(evicted)
     }
@@ -339,8 +348,25 @@ impl<T> WfqQueue<T> {
     #[inline]
     fn wake_next(&self, left: usize) {
         if left > 0 && self.waiters.load(Ordering::Relaxed) > 0 {
-            self.not_empty.notify(1);
+            self.wake_one();
         }
+    }
+
+    /// Wakes one waiting consumer, unless one is woken already. Not `additional`: a consumer
+    /// woken already and not yet back takes the new item too, and wakes the next one if it
+    /// leaves any (see `wake_next`), so a stream of pushes wakes one consumer per turn, not one
+    /// per item. Out of line: the hot paths only test the waiter count.
+    #[cold]
+    #[inline(never)]
+    fn wake_one(&self) {
+        self.not_empty.notify(1);
+    }
+
+    /// Wakes up to `n` more producers waiting for room (out of line, as `wake_one`).
+    #[cold]
+    #[inline(never)]
+    fn wake_producers(&self, n: usize) {
+        self.not_full.notify(n.additional());
     }
 
     /// The queue's notion of now: recent time when available, else a clock read.
@@ -383,10 +409,10 @@ impl<T> WfqQueue<T> {
                 let pops = st.core.pops();
                 let left = st.core.len();
                 drop(st);
-                self.pops.store(pops, Ordering::Relaxed);
+                self.published.pops.store(pops, Ordering::Relaxed);
                 self.wake_next(left);
                 if self.full_waiters.load(Ordering::Relaxed) > 0 {
-                    self.not_full.notify(1.additional());
+                    self.wake_producers(1);
                 }
                 Ok(d)
             }
@@ -515,7 +541,7 @@ impl<T> WfqQueue<T> {
         let pops = st.core.pops();
         let left = st.core.len();
         drop(st);
-        self.pops.store(pops, Ordering::Relaxed);
+        self.published.pops.store(pops, Ordering::Relaxed);
         self.wake_next(left);
         if self.full_waiters.load(Ordering::Relaxed) > 0 {
             self.not_full.notify(n.additional());
@@ -743,7 +769,7 @@ impl<T> WfqQueue<T> {
             let mut st = self.state.lock();
             self.shed_level.store(CLOSED_LEVEL, Ordering::Relaxed);
             let items = st.core.close();
-            self.len.store(0, Ordering::Relaxed);
+            self.published.len.store(0, Ordering::Relaxed);
             items
         };
         self.not_empty.notify(usize::MAX);
@@ -786,7 +812,7 @@ impl<T> WfqQueue<T> {
 
     /// Items taken out by pops so far (served or expired), read without the lock.
     pub(crate) fn pop_count(&self) -> u64 {
-        self.pops.load(Ordering::Relaxed)
+        self.published.pops.load(Ordering::Relaxed)
     }
 
     /// Counts a consumer as waiting until the guard drops. Take it before the listener and
@@ -861,7 +887,7 @@ impl<T> WfqQueue<T> {
         self.observe(&mut st, now);
         let pops = st.core.pops();
         drop(st);
-        self.pops.store(pops, Ordering::Relaxed);
+        self.published.pops.store(pops, Ordering::Relaxed);
         if self.waiters.load(Ordering::Relaxed) > 0 {
             self.not_empty.notify(usize::MAX.additional());
         }
@@ -885,7 +911,7 @@ impl<T> WfqQueue<T> {
     /// queue-age admission unless it provably cannot change.
     #[inline]
     fn changed(&self, st: &mut State<T>, now: Instant) {
-        self.len.store(st.core.len(), Ordering::Relaxed);
+        self.published.len.store(st.core.len(), Ordering::Relaxed);
         if st.core.recheck_at.is_some_and(|at| now < at) {
             return;
         }
@@ -901,7 +927,7 @@ impl<T> WfqQueue<T> {
     /// computation of four ages and the state machine were a third of a push+pop). Above level
     /// 0, every change re-evaluates, as hysteresis needs the ages as they fall.
     fn observe(&self, st: &mut State<T>, now: Instant) {
-        self.len.store(st.core.len(), Ordering::Relaxed);
+        self.published.len.store(st.core.len(), Ordering::Relaxed);
         if !st.config.admission.enabled {
             // Nothing to re-evaluate until `reconfigure` enables it (which observes).
             st.core.recheck_at = now.checked_add(Duration::from_secs(86_400));
@@ -937,7 +963,7 @@ impl<T> WfqQueue<T> {
     /// Items held, across tiers. Read without the lock, so possibly a moment stale.
     #[inline]
     pub fn len(&self) -> usize {
-        self.len.load(Ordering::Relaxed)
+        self.published.len.load(Ordering::Relaxed)
     }
 
     /// Whether nothing is held. Read without the lock.
