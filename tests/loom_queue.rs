@@ -287,6 +287,8 @@ fn no_worker_pulls_once_the_intake_has_its_source_back() {
             w.join().unwrap();
         }
         assert_eq!(shared.source.lock().unwrap().pulled, pulled);
+    });
+}
 
 /// The queue's own lock (`src/queue/lock.rs`: taken by a compare-and-swap, given back by a
 /// plain release store, never parked on): two threads pushing and popping at once never
