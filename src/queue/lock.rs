@@ -17,8 +17,8 @@
 //! two-consumer bench on two cores) is what a parked waiter would wait for anyway, without
 //! the futex calls of parking and unparking (a sixth of that bench's time with
 //! `parking_lot`). The naps come late on purpose: with 16 yields before them, waiters napped
-//! while the lock was already free, and one run in three of that bench took 250-310 ms
-//! instead of 10-60 ms; 1,024 yields is about a millisecond of a descheduled holder.
+//! while the lock was already free, and on the loaded machine one run in three of that bench
+//! took 250-310 ms instead of 10-60 ms; 1,024 yields is about a millisecond of a descheduled holder.
 //!
 //! What it gives up: fairness (`parking_lot` hands the lock over fairly now and then; here the
 //! next to find it free takes it, so a waiter may lose a few rounds in a row); a waiter burns
@@ -130,7 +130,9 @@ impl<T> SpinLock<T> {
     fn lock_contended(&self) {
         let (mutex, condvar) = &self.sleep;
         loop {
-            let mut g = mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut g = mutex
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             while self.locked.load(Ordering::Relaxed) {
                 g = condvar
                     .wait(g)
