@@ -56,7 +56,7 @@
 //! | `triage_memory_budget_bytes` | gauge | | the memory budget, bytes (0: none) |
 //! | `triage_sojourn_seconds` | histogram | tier | time from enqueue to dequeue |
 //! | `triage_handler_latency_seconds` | histogram | tier | handler run time |
-//! | `triage_reject_cost_seconds` | histogram | | cost of the admit-or-refuse decision for refused messages, sampled 1 in 1024 |
+//! | `triage_reject_cost_seconds` | histogram | | cost of the admit-or-refuse decision for refused messages, sampled 1 in 64 |
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, Unit};
 
@@ -343,7 +343,7 @@ pub(crate) const HANDLER_LATENCY: Def = seconds_histogram(
 pub(crate) const REJECT_COST: Def = seconds_histogram(
     "triage_reject_cost_seconds",
     REJECT_COST_BUCKETS,
-    "Cost of the admit-or-refuse decision for refused messages, sampled 1 in 1024, seconds.",
+    "Cost of the admit-or-refuse decision for refused messages, sampled 1 in 64, seconds.",
 );
 
 /// Every metric the runtime records.

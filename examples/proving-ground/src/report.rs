@@ -159,7 +159,7 @@ fn markdown(config: &RunConfig, results: &[BrokerResult], command: &str) -> Stri
         s,
         "\nGoodput = completed inside the deadline, as a share of what was offered (broker-confirmed). \
          Reject cost: the runtime's `triage_reject_cost_seconds` histogram (wall time of the \
-         admit-or-refuse decision for refused messages, sampled 1 in 1024), captured by a \
+         admit-or-refuse decision for refused messages, sampled 1 in 64), captured by a \
          `metrics` recorder inside each worker process. `r` = mean reject cost / (1 s / measured \
          capacity), the time one success takes of the worker; predicted served = \
          (1 − r·k)/(1 − r) at the phase's factor k (seed 000).\n"
