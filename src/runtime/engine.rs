@@ -98,6 +98,8 @@ pub(crate) struct Inner<T> {
     pub(crate) origin: Instant,
     pub(crate) held: AtomicI64,
     pub(crate) refusals: AtomicU64,
+    /// The reject path's sampled costs, moved into the histogram by the sampler.
+    pub(crate) reject_costs: super::cost::CostSamples,
     /// Sources still being pulled (not finished, not stopped).
     pub(crate) pulling: std::sync::atomic::AtomicUsize,
     /// Room for messages in the dead-letter path (`max_dead_lettering`).
@@ -486,14 +488,14 @@ impl<T: Send + Sync + 'static> Inner<T> {
             self.accounts.metrics.tiers[tier].refused[r].increment(1);
             self.accounts.refused[tier.rank()].fetch_add(1, Ordering::Relaxed);
         }
-        self.refusals.fetch_add(1, Ordering::Relaxed);
+        let seq = self.refusals.fetch_add(1, Ordering::Relaxed);
         // The decision ends here: what follows is the policy the operator chose (a Drop's
         // observer call and acknowledgement, a deferral's task), whose cost is the sink's, the
         // observer's and the broker client's, not triage's. Timing it too made the proving
         // ground's workers report their disposition log's file write as the reject cost.
         if let Some(started) = started {
             let cost = self.clock.now().saturating_duration_since(started);
-            self.accounts.metrics.reject_cost.record(cost.as_secs_f64());
+            self.reject_costs.record(seq / REJECT_SAMPLE_EVERY, cost);
         }
         self.refuse(item, r, defer_reason)
     }
@@ -1108,9 +1110,13 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 every = Duration::from_millis(config.admission.tick_ms);
             }
             tokio::select! {
-                _ = self.stop.cancelled() => return,
+                _ = self.stop.cancelled() => {
+                    self.flush_reject_costs();
+                    return;
+                }
                 _ = tokio::time::sleep(every) => {}
             }
+            self.flush_reject_costs();
             let lag = self.lag();
             let sample = PullSample {
                 at: self.clock.now().saturating_duration_since(self.origin),
@@ -1164,6 +1170,14 @@ impl<T: Send + Sync + 'static> Inner<T> {
             m.ordering_longest_wait
                 .set(self.gate.longest_wait(self.clock.now()).as_secs_f64());
         }
+    }
+
+    /// Moves the reject path's sampled costs into `triage_reject_cost_seconds` (the
+    /// exporter's histogram may allocate; the refuse path must not).
+    pub(crate) fn flush_reject_costs(&self) {
+        let histogram = &self.accounts.metrics.reject_cost;
+        self.reject_costs
+            .drain(|cost| histogram.record(cost.as_secs_f64()));
     }
 
     /// The sum of the non-drain sources' lags; `None` if any is unknown.

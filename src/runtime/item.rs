@@ -182,8 +182,9 @@ impl<T> Item<T> {
         self.accounts.metrics.tiers[self.original]
             .released
             .increment(1);
-        self.accounts.leave(1);
+        // The bytes first: `wait_idle` reads the budget once nothing is alive.
         self.leave_memory();
+        self.accounts.leave(1);
         Ok(Envelope {
             payload,
             criticality: self.original,
@@ -228,8 +229,9 @@ impl<T> Item<T> {
         if let Some(ack) = self.take_ack() {
             ack.resolve(disposition);
         }
-        self.accounts.leave(1);
+        // The bytes first: `wait_idle` reads the budget once nothing is alive.
         self.leave_memory();
+        self.accounts.leave(1);
         match std::mem::replace(&mut self.payload, Payload::Moving) {
             Payload::Shared(arc) => Some(arc),
             _ => None,
@@ -239,7 +241,7 @@ impl<T> Item<T> {
     /// Takes the message out of the runtime's accounts without recording anything, for a
     /// worker that records a batch's dispositions at once ([`Settled`] says what it owes).
     /// The caller must, in this order: record the disposition in the ledger, resolve the
-    /// returned ack, then count the item out of `alive` and its bytes out of the memory budget.
+    /// returned ack, then count its bytes out of the memory budget and the item out of `alive`.
     pub(crate) fn settle_later(mut self) -> Settled<T> {
         let ack = self.take_ack();
         // An offer takes an item out of waiting: a served one never is; were it, its bytes
@@ -308,8 +310,8 @@ impl<T> Drop for Item<T> {
             self.accounts.metrics.tiers[self.original]
                 .released
                 .increment(1);
-            self.accounts.leave(1);
             self.leave_memory();
+            self.accounts.leave(1);
             ack.release();
         }
     }

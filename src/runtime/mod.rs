@@ -21,6 +21,7 @@
 
 mod ack;
 mod config;
+mod cost;
 mod engine;
 mod envelope;
 mod intake;
@@ -290,6 +291,7 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             defer_unhealthy_until: AtomicU64::new(0),
             held: AtomicI64::new(0),
             refusals: AtomicU64::new(0),
+            reject_costs: cost::CostSamples::new(),
             pulling: std::sync::atomic::AtomicUsize::new(0),
             dead_lettering,
             dead_letters_held: AtomicI64::new(0),
@@ -682,6 +684,7 @@ impl<T: Send + Sync + 'static> Runtime<T> {
             let _ = tokio::time::timeout_at(deadline, inner.tasks.wait()).await;
         }
         self.sampler.abort();
+        inner.flush_reject_costs();
         self.drained.cancel();
         for intake in std::mem::take(&mut self.intakes) {
             let abort = intake.abort_handle();

@@ -113,8 +113,9 @@ impl Tally {
             ack.resolve(Disposition::Completed);
         }
         if settled > 0 {
-            inner.accounts.leave(settled as i64);
+            // The bytes before `alive`: `wait_idle` reads the budget once nothing is alive.
             inner.accounts.memory.remove(self.settled_bytes, false);
+            inner.accounts.leave(settled as i64);
         }
         *self = Tally::default();
     }

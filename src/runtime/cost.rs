@@ -1,0 +1,105 @@
+//! The reject path's sampled cost, kept off the reject path.
+//!
+//! A refusal must allocate nothing. A `metrics` histogram does not promise that: the
+//! Prometheus exporter appends each sample to a bucket of blocks that grows until the next
+//! scrape, so recording there from the refuse path allocated a block every few thousand
+//! refusals. The refuse path stores its sample in a fixed ring of atomics instead, and the
+//! runtime's sampler moves the ring's samples into `triage_reject_cost_seconds` once per
+//! admission tick (and once more at shutdown).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Slots in the ring: at one sample per 64 refusals and a 100 ms tick, 256 slots hold the
+/// samples of 163,840 refusals a second before the newest overwrite unread ones (a lost
+/// sample, never a wrong one).
+const SLOTS: usize = 256;
+
+/// A lossy, fixed-size ring of reject-cost samples in ns, written by any thread with one
+/// relaxed store and read by one drainer.
+///
+/// Each slot holds `ns + 1`, or 0 when empty; the drainer empties slots with `swap(0)`, so a
+/// sample is read at most once whatever the interleaving, and no slot is ever half-written
+/// (one `u64` store). A writer that overwrites an unread sample loses that sample.
+pub(crate) struct CostSamples {
+    slots: [AtomicU64; SLOTS],
+}
+
+impl CostSamples {
+    pub(crate) fn new() -> Self {
+        Self {
+            slots: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// Stores one sample in the slot of `seq` (any counter that moves between samples).
+    pub(crate) fn record(&self, seq: u64, cost: Duration) {
+        let ns = u64::try_from(cost.as_nanos()).unwrap_or(u64::MAX - 1);
+        self.slots[(seq as usize) % SLOTS].store(ns.saturating_add(1), Ordering::Relaxed);
+    }
+
+    /// Empties the ring, calling `f` with each sample stored since the last drain.
+    pub(crate) fn drain(&self, mut f: impl FnMut(Duration)) {
+        for slot in &self.slots {
+            let v = slot.swap(0, Ordering::Relaxed);
+            if v != 0 {
+                f(Duration::from_nanos(v - 1));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_sample_is_drained_once() {
+        let s = CostSamples::new();
+        s.record(0, Duration::from_nanos(0));
+        s.record(1, Duration::from_nanos(150));
+        s.record(2, Duration::from_micros(3));
+        let mut got = Vec::new();
+        s.drain(|d| got.push(d.as_nanos()));
+        assert_eq!(got, vec![0, 150, 3_000]);
+        let mut again = 0;
+        s.drain(|_| again += 1);
+        assert_eq!(again, 0);
+    }
+
+    #[test]
+    fn a_full_ring_keeps_the_newest_sample_of_each_slot() {
+        let s = CostSamples::new();
+        for seq in 0..(SLOTS as u64 * 2) {
+            s.record(seq, Duration::from_nanos(seq));
+        }
+        let mut got = Vec::new();
+        s.drain(|d| got.push(d.as_nanos() as u64));
+        assert_eq!(got.len(), SLOTS);
+        assert!(got.iter().all(|&ns| ns >= SLOTS as u64), "{got:?}");
+    }
+
+    #[test]
+    fn concurrent_writers_lose_no_sample_below_the_ring_size() {
+        let s = std::sync::Arc::new(CostSamples::new());
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let s = std::sync::Arc::clone(&s);
+                std::thread::spawn(move || {
+                    for i in 0..(SLOTS as u64 / 4) {
+                        s.record(t * (SLOTS as u64 / 4) + i, Duration::from_nanos(7));
+                    }
+                })
+            })
+            .collect();
+        let mut drained = 0;
+        while threads.iter().any(|t| !t.is_finished()) {
+            s.drain(|_| drained += 1);
+        }
+        for t in threads {
+            t.join().unwrap();
+        }
+        s.drain(|_| drained += 1);
+        assert_eq!(drained, SLOTS);
+    }
+}
