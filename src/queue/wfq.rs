@@ -141,6 +141,9 @@ struct Published {
     /// Items taken out by pops (served or expired): lets a holder of refused items see cheaply
     /// whether room may have appeared since it last tried.
     pops: AtomicU64,
+    /// The non-empty tiers, a bit per rank: with `len`, whether a push of a tier would find
+    /// nothing below it to evict.
+    backlog: AtomicU8,
 }
 
 /// A bounded, weighted-fair, multi-producer multi-consumer queue with one FIFO per criticality
@@ -249,6 +252,7 @@ impl<T> WfqQueue<T> {
             published: CachePadded::new(Published {
                 len: AtomicUsize::new(0),
                 pops: AtomicU64::new(0),
+                backlog: AtomicU8::new(0),
             }),
             capacity_hint: AtomicUsize::new(capacity),
             overloaded: Default::default(),
@@ -770,6 +774,7 @@ impl<T> WfqQueue<T> {
             self.shed_level.store(CLOSED_LEVEL, Ordering::Relaxed);
             let items = st.core.close();
             self.published.len.store(0, Ordering::Relaxed);
+            self.published.backlog.store(0, Ordering::Relaxed);
             items
         };
         self.not_empty.notify(usize::MAX);
@@ -808,6 +813,17 @@ impl<T> WfqQueue<T> {
         // A larger bound may have made room for blocked producers.
         self.not_full.notify(usize::MAX);
         Ok(evicted)
+    }
+
+    /// Whether a push of `tier` would, as the queue was last published, find it full by count
+    /// with nothing of a lower tier to evict: three relaxed loads, no lock. A hint, not a
+    /// promise: it may be stale either way, and it ignores expired items a push would discard
+    /// and the byte budget. For a holder of refused items deciding whether an offer is worth
+    /// its lock (`runtime::engine`: a pulled message that would wait for room anyway).
+    pub(crate) fn looks_full_for(&self, tier: Criticality) -> bool {
+        let below = (1u8 << tier.rank()) - 1;
+        self.published.len.load(Ordering::Relaxed) >= self.capacity_hint.load(Ordering::Relaxed)
+            && self.published.backlog.load(Ordering::Relaxed) & below == 0
     }
 
     /// Items taken out by pops so far (served or expired), read without the lock.
@@ -912,6 +928,9 @@ impl<T> WfqQueue<T> {
     #[inline]
     fn changed(&self, st: &mut State<T>, now: Instant) {
         self.published.len.store(st.core.len(), Ordering::Relaxed);
+        self.published
+            .backlog
+            .store(st.core.backlogged(), Ordering::Relaxed);
         if st.core.recheck_at.is_some_and(|at| now < at) {
             return;
         }
@@ -928,6 +947,9 @@ impl<T> WfqQueue<T> {
     /// 0, every change re-evaluates, as hysteresis needs the ages as they fall.
     fn observe(&self, st: &mut State<T>, now: Instant) {
         self.published.len.store(st.core.len(), Ordering::Relaxed);
+        self.published
+            .backlog
+            .store(st.core.backlogged(), Ordering::Relaxed);
         if !st.config.admission.enabled {
             // Nothing to re-evaluate until `reconfigure` enables it (which observes).
             st.core.recheck_at = now.checked_add(Duration::from_secs(86_400));
@@ -1039,6 +1061,39 @@ mod tests {
 
     fn items(q: &WfqQueue<u32>) -> Vec<u32> {
         std::iter::from_fn(|| q.try_pop().ok().map(|d| d.into_entry().into_inner())).collect()
+    }
+
+    /// The lock-free hint agrees with what a push would do: full by count with nothing below
+    /// a tier refuses that tier, an item of a lower tier makes room for it, and a pop opens room.
+    #[test]
+    fn looks_full_for_matches_the_push() {
+        let q = queue(2);
+        assert!(!q.looks_full_for(Criticality::Critical));
+        assert_eq!(q.push(1, Meta::new(Criticality::High)).unwrap().count(), 0);
+        assert_eq!(q.push(2, Meta::new(Criticality::Medium)).unwrap().count(), 0);
+        // Full: Critical and High could evict the Medium item, Medium and Sheddable could not.
+        assert!(!q.looks_full_for(Criticality::Critical));
+        assert!(!q.looks_full_for(Criticality::High));
+        assert!(q.looks_full_for(Criticality::Medium));
+        assert!(q.looks_full_for(Criticality::Sheddable));
+        assert!(matches!(
+            q.push(3, Meta::new(Criticality::Medium)),
+            Err(PushError::Full(3))
+        ));
+        // High evicts the Medium item: now nothing below High.
+        let evicted = q.push(4, Meta::new(Criticality::High)).unwrap();
+        assert_eq!(evicted.count(), 1);
+        assert!(q.looks_full_for(Criticality::High));
+        assert!(!q.looks_full_for(Criticality::Critical));
+        assert!(matches!(
+            q.push(5, Meta::new(Criticality::High)),
+            Err(PushError::Full(5))
+        ));
+        // A pop makes room for every tier.
+        assert_eq!(q.try_pop().unwrap().into_entry().into_inner(), 1);
+        assert!(!q.looks_full_for(Criticality::Sheddable));
+        drop(q.close());
+        assert!(!q.looks_full_for(Criticality::Critical));
     }
 
     /// A worker took a batch of 8 from a full queue of 8, served the first, and while its
