@@ -75,4 +75,34 @@ async fn three_x_overload_keeps_critical_goodput_and_the_ledger_balanced() {
             "{tier} not admitted during recovery"
         );
     }
+    // Deferred copies keep their tier: a Medium message deferred at 3x is consumed again as
+    // Medium when it is drained back (it used to come back as Sheddable), and every copy ended
+    // completed or expired at intake (its deadline is kept), none left behind.
+    let medium = out.stats.ledger.tier(Criticality::Medium);
+    let offered_medium =
+        out.triage[Criticality::Medium].offered + out.recovery[Criticality::Medium].offered;
+    assert!(
+        medium.deferred > 0,
+        "nothing deferred at 3x:\n{}",
+        out.stats
+    );
+    assert_eq!(
+        medium.consumed,
+        offered_medium + medium.deferred,
+        "Medium's drained copies not consumed as Medium:\n{}",
+        out.stats
+    );
+    assert_eq!(out.deferred_left, 0);
+    assert_eq!(
+        out.drained.published,
+        out.stats.ledger.total().deferred,
+        "a deferral without its copy:\n{}",
+        out.stats
+    );
+    assert_eq!(
+        out.drained.completed + out.drained.expired + out.drained.deferred + out.drained.shed,
+        out.drained.published,
+        "a deferred copy left unsettled: {:?}",
+        out.drained
+    );
 }

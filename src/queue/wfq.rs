@@ -1070,7 +1070,10 @@ mod tests {
         let q = queue(2);
         assert!(!q.looks_full_for(Criticality::Critical));
         assert_eq!(q.push(1, Meta::new(Criticality::High)).unwrap().count(), 0);
-        assert_eq!(q.push(2, Meta::new(Criticality::Medium)).unwrap().count(), 0);
+        assert_eq!(
+            q.push(2, Meta::new(Criticality::Medium)).unwrap().count(),
+            0
+        );
         // Full: Critical and High could evict the Medium item, Medium and Sheddable could not.
         assert!(!q.looks_full_for(Criticality::Critical));
         assert!(!q.looks_full_for(Criticality::High));

@@ -4,6 +4,8 @@
 //!   (`enable.auto.offset.store=false`, auto commit at the source's `commit_interval_ms`), the
 //!   at-least-once baseline, on the same librdkafka settings as the source
 //!   (`KafkaSourceConfig::client_properties`: fetch sizes, prefetch bound, fetch backoff);
+//! - `plain_pool`: the same client handing each record, detached (owned), through a bounded
+//!   async-channel to 8 tasks that store its offset: a worker pool written without triage;
 //! - `triage_noop_handler`: `KafkaSource` through the full `Runtime` (classification,
 //!   admission, the weighted-fair queue, a no-op handler, the ledger, watermark commits).
 //!
@@ -17,7 +19,7 @@
 //! 2) while the process's CPU time (user + system, every thread, librdkafka's included) is
 //! measured: printed per 100,000 records, triage against plain. The broker shares the two
 //! cores, so throughput alone hides the consumer's own cost. `BENCH_CPU_ONLY=1` stops there;
-//! `BENCH_CPU_WHICH=plain` (or `triage`) runs only that consumer, for a profiler.
+//! `BENCH_CPU_WHICH=plain_rdkafka` (or `plain_pool`, `triage`) runs only that consumer, for a profiler.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -26,6 +28,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::OwnedMessage;
 use rdkafka::Message;
 use tokio::sync::Notify;
 use triage::admission::QueueAgeConfig;
@@ -106,9 +109,10 @@ impl Timing {
     }
 }
 
-async fn plain(topic: &str) -> Timing {
-    // The same librdkafka settings as the source (fetch sizes, prefetch bound, fetch backoff),
-    // and the same commit work: the stored offsets committed every `commit_interval_ms`.
+/// The plain consumers' client: the same librdkafka settings as the source (fetch sizes,
+/// prefetch bound, fetch backoff), and the same commit work: the stored offsets committed
+/// every `commit_interval_ms`.
+fn plain_consumer(topic: &str) -> StreamConsumer {
     let source = source_config(topic);
     let mut client = ClientConfig::new();
     for (k, v) in source.client_properties() {
@@ -124,6 +128,11 @@ async fn plain(topic: &str) -> Timing {
         .create()
         .expect("consumer");
     consumer.subscribe(&[topic]).expect("subscribe");
+    consumer
+}
+
+async fn plain(topic: &str) -> Timing {
+    let consumer = plain_consumer(topic);
     let mut first = None;
     let mut n = 0;
     while n < RECORDS {
@@ -137,6 +146,62 @@ async fn plain(topic: &str) -> Timing {
         n += 1;
     }
     let last = Stamp::now();
+    Timing {
+        first: first.unwrap_or(last),
+        last,
+    }
+}
+
+/// A plain worker pool, what a worker without triage is written as: the same client, each
+/// record detached (an owned copy, as any worker that queues records makes) and sent through
+/// a bounded async-channel of 1,024 to 8 tasks, each storing its record's offset after the
+/// no-op handler. Out of order: a pool that stores offsets this way may commit past a record
+/// still in a handler (triage commits only the contiguous watermark); the baseline counts
+/// what the hand-off costs, not what it promises.
+async fn plain_pool(topic: &str) -> Timing {
+    let consumer = Arc::new(plain_consumer(topic));
+    let (tx, rx) = async_channel::bounded::<OwnedMessage>(1024);
+    let handled = Arc::new(AtomicU64::new(0));
+    let all_handled = Arc::new(Notify::new());
+    let last = Arc::new(OnceLock::new());
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (rx, consumer) = (rx.clone(), Arc::clone(&consumer));
+            let (count, done, last) = (
+                Arc::clone(&handled),
+                Arc::clone(&all_handled),
+                Arc::clone(&last),
+            );
+            tokio::spawn(async move {
+                while let Ok(m) = rx.recv().await {
+                    std::hint::black_box(m.payload());
+                    consumer
+                        .store_offset(m.topic(), m.partition(), m.offset() + 1)
+                        .expect("store");
+                    if count.fetch_add(1, Ordering::Relaxed) + 1 == RECORDS {
+                        last.get_or_init(Stamp::now);
+                        done.notify_one();
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut first = None;
+    let mut n = 0;
+    while n < RECORDS {
+        let Ok(m) = consumer.recv().await else {
+            continue;
+        };
+        first.get_or_insert_with(Stamp::now);
+        tx.send(m.detach()).await.expect("the pool's tasks run");
+        n += 1;
+    }
+    all_handled.notified().await;
+    drop(tx);
+    for task in tasks {
+        task.await.expect("pool task");
+    }
+    let last = *last.get().expect("stamped before the wake-up");
     Timing {
         first: first.unwrap_or(last),
         last,
@@ -200,11 +265,11 @@ fn cpu_report(rt: &tokio::runtime::Runtime, topic: &str) {
         .and_then(|v| v.parse().ok())
         .unwrap_or(2);
     let per_100k = |cpu: Duration| cpu.as_secs_f64() * 1e3 * 100_000.0 / RECORDS as f64;
-    // `BENCH_CPU_WHICH=plain` or `triage` runs one consumer only (for a profiler).
+    // `BENCH_CPU_WHICH=plain_rdkafka`, `plain_pool` or `triage` runs one consumer only (a prefix).
     let which = std::env::var("BENCH_CPU_WHICH").unwrap_or_default();
     // [consumer][whole, steady], ms per 100,000.
-    let mut least = [[f64::INFINITY; 2]; 2];
-    for (i, name) in ["plain_rdkafka", "triage_noop_handler"]
+    let mut least = [[f64::INFINITY; 2]; 3];
+    for (i, name) in ["plain_rdkafka", "plain_pool", "triage_noop_handler"]
         .into_iter()
         .enumerate()
     {
@@ -213,10 +278,10 @@ fn cpu_report(rt: &tokio::runtime::Runtime, topic: &str) {
         }
         for run in 0..runs {
             let before = cpu_time();
-            let timing = if i == 0 {
-                rt.block_on(plain(topic))
-            } else {
-                rt.block_on(triage(topic))
+            let timing = match i {
+                0 => rt.block_on(plain(topic)),
+                1 => rt.block_on(plain_pool(topic)),
+                _ => rt.block_on(triage(topic)),
             };
             let after = cpu_time();
             let (Some(before), Some(after), Some(first), Some(last)) =
@@ -243,10 +308,13 @@ fn cpu_report(rt: &tokio::runtime::Runtime, topic: &str) {
         .enumerate()
     {
         println!(
-            "least CPU per 100,000, {what}: plain {:.1} ms, triage {:.1} ms ({:.2}x)",
+            "least CPU per 100,000, {what}: plain {:.1} ms, plain pool {:.1} ms, triage {:.1} ms \
+             ({:.2}x plain, {:.2}x the pool)",
             least[0][j],
             least[1][j],
-            least[1][j] / least[0][j]
+            least[2][j],
+            least[2][j] / least[0][j],
+            least[2][j] / least[1][j]
         );
     }
 }
@@ -279,6 +347,13 @@ fn consume(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(20));
     g.bench_function("plain_rdkafka", |b| {
         b.iter_custom(|iters| (0..iters).map(|_| rt.block_on(plain(&topic)).took()).sum())
+    });
+    g.bench_function("plain_pool", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| rt.block_on(plain_pool(&topic)).took())
+                .sum()
+        })
     });
     g.bench_function("triage_noop_handler", |b| {
         b.iter_custom(|iters| (0..iters).map(|_| rt.block_on(triage(&topic)).took()).sum())

@@ -350,7 +350,7 @@ async fn main() -> ExitCode {
         )
     );
     println!(
-        "   admitted, refused, evicted: counted during the phase; goodput and late follow each message offered in it to its end;\n   goodput = completed inside the deadline (share: % of offered); late = completed after it (deferred work drained back later);\n   refused = messages refused at admission (Critical and High are held and retried: backpressure, never dropped);\n   {} messages were still waiting in the broker at the end of the phase",
+        "   admitted, refused, evicted: counted during the phase; goodput and late follow each message offered in it to its end;\n   goodput = completed inside the deadline (share: % of offered); late = completed after it;\n   refused = messages refused at admission (Critical and High are held and retried: backpressure, never dropped);\n   {} messages were still waiting in the broker at the end of the phase",
         out.broker_lag_after_overload
     );
     println!();
@@ -380,8 +380,8 @@ async fn main() -> ExitCode {
         out.recovery_shed_levels
     );
     println!(
-        "   deferred work drained back and completed: {}; admitted counts the drained copies as Sheddable\n",
-        out.drained_back
+        "   deferred copies drained back: {} completed, {} expired at intake (past their deadline: no handler call);\n   each copy is consumed at the tier it was deferred with, and admitted counts it there\n",
+        out.drained.completed, out.drained.expired
     );
     let total = out.stats.ledger.total();
     let offered: u64 = out
@@ -395,7 +395,7 @@ async fn main() -> ExitCode {
         out.stats.ledger
     );
     println!(
-        "   offered {offered}, consumed {}: a deferred message drained back is consumed again, as Sheddable,\n   so Sheddable's consumed exceeds what was offered of it by the drained copies",
+        "   offered {offered}, consumed {}: a deferred message drained back is consumed again, at its own tier,\n   so a tier's consumed exceeds what was offered of it by its drained copies",
         total.consumed
     );
     println!(

@@ -8,14 +8,14 @@
 #![allow(dead_code)]
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
 use triage::ordering::OrderingMode;
 use triage::quanta::{Clock, Instant};
 use triage::runtime::{
-    DeferSink, HandlerError, Job, MemoryBroker, Republish, Runtime, RuntimeConfig, RuntimeStats,
-    SinkError,
+    AckCounts, DeferSink, HandlerError, Job, MemoryBroker, Republish, Runtime, RuntimeConfig,
+    RuntimeStats, SinkError,
 };
 use triage::{Criticality, PerTier};
 
@@ -130,7 +130,10 @@ pub struct Outcome {
     pub recovery: PerTier<TierRow>,
     /// Shed level sampled during recovery (first, last).
     pub recovery_shed_levels: Vec<u8>,
-    pub drained_back: u64,
+    /// How the deferred copies ended, as the deferred store acknowledged them: drained back
+    /// and completed (late: after the phase they were offered in), expired at intake (past
+    /// their deadline, no handler call), deferred again (a copy of the copy), or still pending.
+    pub drained: AckCounts,
     pub broker_lag_after_overload: usize,
     /// Messages still waiting in the deferred store when the run ended (not drained back).
     pub deferred_left: usize,
@@ -144,21 +147,30 @@ pub struct Outcome {
 }
 
 /// Defers into a second in-memory broker, the "deferred topic", drained back when load falls.
+/// A copy keeps what the Kafka and RabbitMQ defer sinks write into its headers: its tier, its
+/// deferrals so far and its deadline, so a drained copy is served at its own tier, never
+/// deferred past `max_deferrals`, and expired at intake once its deadline has passed.
 struct DeferToBroker {
     deferred: MemoryBroker<Msg>,
+    clock: Clock,
 }
 
 impl DeferSink<Msg> for DeferToBroker {
     fn publish<'a>(
         &'a self,
         payload: &'a Msg,
-        _info: &'a Republish,
+        info: &'a Republish,
     ) -> futures_util::future::BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {
-            // Deferrable work has outlived its interactive deadline; what comes back is
-            // background work with no deadline of its own.
+            // The wall-clock deadline back on the runtime's clock, as a source reads
+            // `triage-deadline-ms`: one already passed is due now (expired at intake).
+            let now = self.clock.now();
+            let deadline = info.deadline.map(|wall| {
+                wall.duration_since(SystemTime::now())
+                    .map_or(now, |ahead| now + ahead)
+            });
             self.deferred
-                .publish(*payload, Criticality::Sheddable, None);
+                .publish_copy(*payload, info.criticality, deadline, 0, info.deferrals);
             Ok(())
         })
     }
@@ -373,6 +385,7 @@ pub async fn run(p: &Params) -> Outcome {
         .clock(clock.clone())
         .defer_sink(Arc::new(DeferToBroker {
             deferred: deferred.clone(),
+            clock: clock.clone(),
         }))
         .start(handler(clock.clone(), p.service, Arc::clone(&tally)))
         .expect("valid config");
@@ -457,7 +470,7 @@ pub async fn run(p: &Params) -> Outcome {
     };
     diff_stats(&mut triage_rows, &s0, &s1);
     diff_stats(&mut recovery_rows, &s1, &s2);
-    let drained_back = deferred.acks().completed;
+    let drained = deferred.acks();
 
     // the plain FIFO: same load, same handler, a bounded channel and no priorities
     let fifo_broker = MemoryBroker::new();
@@ -519,7 +532,7 @@ pub async fn run(p: &Params) -> Outcome {
         fifo: fifo_rows,
         recovery: recovery_rows,
         recovery_shed_levels: levels,
-        drained_back,
+        drained,
         broker_lag_after_overload,
         deferred_left,
         fifo_unserved,
