@@ -232,6 +232,67 @@ async fn the_gauges_match_the_buckets_and_the_bytes_held() {
     let _ = rt.shutdown(Duration::from_millis(100)).await;
 }
 
+/// The refusal and decision counters reach the scrape from the runtime's own counts (added at
+/// each sampler tick): exactly what was refused, by reason, and never added twice.
+#[cfg(feature = "prometheus")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_refusal_counters_reach_the_scrape_once() {
+    let (clock, _mock) = Clock::mock();
+    let mut config = config();
+    // High holds 4 tokens that never refill (the virtual clock stands still): the other 6 of
+    // 10 are refused for rate and handed back (Backpressure).
+    config.buckets =
+        BucketsConfig::default().with(High, Some(BucketConfig::per_second(10.0).burst(4)));
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let rt = metrics::with_local_recorder(&recorder, || {
+        Runtime::builder(config)
+            .clock(clock)
+            .start(|_job: Job<u64>| std::future::pending())
+            .unwrap()
+    });
+    let refused = (0..10)
+        .filter(|&i| {
+            matches!(
+                rt.try_submit(env(i, High)),
+                Err(SubmitError::RateLimited(_))
+            )
+        })
+        .count();
+    assert_eq!(refused, 6);
+    let value = |text: &str, line_start: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(line_start))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{line_start} not in\n{text}"))
+    };
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(300)).await; // a few sampler ticks
+        let text = handle.render();
+        assert_eq!(
+            value(&text, "triage_refused_total{tier=\"high\",reason=\"rate\"}"),
+            6.0
+        );
+        assert_eq!(
+            value(
+                &text,
+                "triage_admission_decisions_total{tier=\"high\",decision=\"shed-rate\"}"
+            ),
+            6.0
+        );
+        assert_eq!(
+            value(
+                &text,
+                "triage_admission_decisions_total{tier=\"high\",decision=\"admitted\"}"
+            ),
+            4.0
+        );
+    }
+    assert_eq!(rt.stats().refused[High], 6);
+    let _ = rt.shutdown(Duration::from_millis(100)).await;
+}
+
 /// `Runtime::reconfigure` changes the buckets and the memory budget of a running runtime.
 #[tokio::test(flavor = "current_thread")]
 async fn buckets_and_memory_budget_are_reconfigured_live() {

@@ -425,7 +425,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                     };
                     let victim = e.into_inner();
                     let t = victim.tier();
-                    self.accounts.metrics.tiers[t].refused[EVICTED].increment(1);
+                    self.accounts.refusals.add(t, EVICTED);
                     if let Offer::Hold(v) = self.refuse(victim, EVICTED, DeferReason::Evicted) {
                         // A count-bounded queue evicts at most one item per push; a byte budget
                         // may evict more, and those of a Backpressure tier go back to the queue
@@ -497,7 +497,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         if !item.refused_before {
             // Count messages, not attempts: a held message is offered again and again.
             item.refused_before = true;
-            self.accounts.metrics.tiers[tier].refused[r].increment(1);
+            self.accounts.refusals.add(tier, r);
             self.accounts.refused[tier.rank()].fetch_add(1, Ordering::Relaxed);
         }
         let seq = self.refusals.fetch_add(1, Ordering::Relaxed);
@@ -1124,11 +1124,13 @@ impl<T: Send + Sync + 'static> Inner<T> {
             tokio::select! {
                 _ = self.stop.cancelled() => {
                     self.flush_reject_costs();
+                    self.accounts.publish_counts();
                     return;
                 }
                 _ = tokio::time::sleep(every) => {}
             }
             self.flush_reject_costs();
+            self.accounts.publish_counts();
             let lag = self.lag();
             let sample = PullSample {
                 at: self.clock.now().saturating_duration_since(self.origin),

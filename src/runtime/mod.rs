@@ -254,6 +254,8 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             withdrawn: Default::default(),
             memory: crate::admission::MemoryBudget::new(&config.memory),
             decisions: Default::default(),
+            decisions_published: Default::default(),
+            refusals: Default::default(),
         });
         accounts.metrics.config_generation.set(1.0);
         accounts
@@ -458,7 +460,7 @@ impl<T: Send + Sync + 'static> Runtime<T> {
             && (forced || !inner.queue.admits(tier))
         {
             let reason = if forced { metrics::FORCED } else { 0 };
-            inner.accounts.metrics.tiers[tier].refused[reason].increment(1);
+            inner.accounts.refusals.add(tier, reason);
             return Err(SubmitError::Overloaded(envelope));
         }
         let mut item = item::Item::consumed(envelope, &inner.accounts);
@@ -692,6 +694,7 @@ impl<T: Send + Sync + 'static> Runtime<T> {
                 abort.abort();
             }
         }
+        inner.accounts.publish_counts();
         Report {
             stats: stats_of(&inner),
             grace_exceeded,
@@ -717,6 +720,7 @@ impl<T> Drop for Runtime<T> {
         self.sampler.abort();
         self.workers.abort_all();
         self.drained.cancel();
+        inner.accounts.publish_counts();
         // Now rather than when the last aborted task lets go of `inner`.
         drop(inner.queue.close());
     }

@@ -284,7 +284,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             let victim = entry.into_inner();
             let tier = victim.tier();
             evicted[tier] += 1;
-            m.tiers[tier].refused[EVICTED].increment(1);
+            self.accounts.refusals.add(tier, EVICTED);
             if let Offer::Hold(v) | Offer::Evicted(v) =
                 self.refuse(victim, EVICTED, DeferReason::Evicted)
             {
