@@ -4,7 +4,11 @@
 //!
 //! Names are under `triage_`; labels are from small fixed sets (`tier`, `reason`, `decision`), never from
 //! message content. Handles are registered once at start, so recording is an atomic add on a
-//! handle: no lookup, no allocation, no formatting on the hot path. Without a recorder installed
+//! handle: no lookup, no allocation, no formatting on the hot path. Two families are not
+//! recorded on their handles per message: `triage_refused_total` and
+//! `triage_admission_decisions_total` are counted in the runtime's own counters and added to
+//! the metric by the sampler every `admission.tick_ms` (100 ms) and at shutdown, so a scrape
+//! lags them by one tick at most (see `item::RefusalCounts` for why). Without a recorder installed
 //! (see `metrics::set_global_recorder`, or the `prometheus` feature) every handle is a no-op.
 //!
 //! | name | kind | labels | meaning |
