@@ -1074,3 +1074,75 @@ async fn a_slot_held_outside_is_shared_capacity() {
     assert_eq!(report.stats.ledger.total().completed, 1, "{report}");
     assert!(report.stats.balances(), "{report}");
 }
+
+/// A held message with less time left than a handler run takes is expired without a handler
+/// call when its turn comes, not served to finish past its deadline; one with time left is
+/// served. (The oldest held message is offered first, so under sustained overload it would
+/// otherwise reach a worker right at its deadline.) Real time: the runtime paces its pulls on
+/// its clock, which a mock clock standing still would stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_message_that_cannot_finish_in_time_is_expired_not_served() {
+    let clock = triage::quanta::Clock::new();
+    let mut config = config(1, 1);
+    config.queue.admission = QueueAgeConfig::disabled();
+    config.policy = PerTier::splat(RefusalPolicy::Backpressure);
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let (g, c) = (Arc::clone(&gate), Arc::clone(&calls));
+    let mut rt = Runtime::builder(config)
+        .clock(clock.clone())
+        .start(move |job: Job<u32>| {
+            let (g, c) = (Arc::clone(&g), Arc::clone(&c));
+            async move {
+                let id = *job.payload();
+                c.lock().push(id);
+                match id {
+                    // The first call takes 2 s: a mean handler run of about 1 s after two.
+                    0 => tokio::time::sleep(Duration::from_secs(2)).await,
+                    // The second holds the only worker until the test lets it go.
+                    1 => drop(g.acquire().await),
+                    _ => {}
+                }
+                Ok::<(), HandlerError>(())
+            }
+        })
+        .unwrap();
+    let broker = MemoryBroker::new();
+    rt.attach(broker.source());
+    broker.publish(0, Criticality::Critical, None);
+    // One at a time, so that no worker's batch takes 2 along with 1.
+    broker.publish(1, Criticality::Critical, None);
+    while calls.lock().len() < 2 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    broker.publish(2, Criticality::Critical, None);
+    while rt.stats().queued < 1 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // 1 runs, 2 waits in the queue (capacity 1), 3 is held (and the intake pulls no more while
+    // it holds a Critical message: 4 waits in the broker). 3 has 600 ms left, less than a mean
+    // handler run: it cannot finish in time. 4 has a minute.
+    let now = clock.now();
+    broker.publish(
+        3,
+        Criticality::Critical,
+        Some(now + Duration::from_millis(600)),
+    );
+    broker.publish(
+        4,
+        Criticality::Critical,
+        Some(now + Duration::from_secs(60)),
+    );
+    broker.close();
+    while rt.stats().held < 1 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    gate.add_permits(1);
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(*calls.lock(), vec![0, 1, 2, 4], "{report}");
+    let critical = report.stats.ledger.tier(Criticality::Critical);
+    assert_eq!((critical.completed, critical.expired), (4, 1), "{report}");
+    assert_eq!(broker.acks().expired, 1);
+    assert!(report.stats.balances(), "{report}");
+}

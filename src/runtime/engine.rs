@@ -313,6 +313,17 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
     }
 
+    /// The mean handler run so far (busy time over calls), at most one second; zero before the
+    /// first call.
+    pub(crate) fn mean_service(&self) -> Duration {
+        let served = self.served.load(Ordering::Relaxed);
+        if served == 0 {
+            return Duration::ZERO;
+        }
+        let busy = self.busy_ns.load(Ordering::Relaxed);
+        Duration::from_nanos(busy / served).min(Duration::from_secs(1))
+    }
+
     pub(crate) fn poll_interval(&self) -> Duration {
         Duration::from_millis(self.config().poll_interval_ms)
     }

@@ -154,12 +154,15 @@ impl<T: Send + Sync + 'static> Held<T> {
         self.swept_at = tokio::time::Instant::now();
         self.refused_floor = None;
         self.rate_refused = 0;
-        let now = inner.clock.now();
+        // A held message with less time left than a handler run takes cannot complete in time:
+        // the oldest held is offered first, so under sustained overload it would reach a
+        // worker right at its deadline and finish just after it, spending a worker for nothing.
+        let horizon = inner.clock.now() + inner.mean_service();
         for _ in 0..self.items.len() {
             let Some(item) = self.items.pop_front() else {
                 break;
             };
-            if item.deadline.is_some_and(|d| d <= now) {
+            if item.deadline.is_some_and(|d| d <= horizon) {
                 inner.held.fetch_sub(1, Ordering::Relaxed);
                 inner.expire(item);
                 continue;
