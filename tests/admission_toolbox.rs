@@ -25,6 +25,33 @@ fn env(i: u64, tier: Criticality) -> Envelope<u64> {
     Envelope::new(i, tier, Ack::noop())
 }
 
+/// A runtime whose metrics go to a Prometheus recorder of its own, and the handle to scrape it.
+#[cfg(feature = "prometheus")]
+fn started_with_scrape(
+    config: RuntimeConfig,
+    clock: Clock,
+) -> (Runtime<u64>, metrics_exporter_prometheus::PrometheusHandle) {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let rt = metrics::with_local_recorder(&recorder, || {
+        Runtime::builder(config)
+            .clock(clock)
+            .start(|_job: Job<u64>| std::future::pending())
+            .unwrap()
+    });
+    (rt, handle)
+}
+
+/// The value of the first line of a scrape starting with `line_start` (a series and its labels).
+#[cfg(feature = "prometheus")]
+fn scraped(text: &str, line_start: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{line_start} not in\n{text}"))
+}
+
 /// A tier limited to R/s, offered 1,000 messages per virtual second for 10 virtual seconds,
 /// admits its burst then R per second, within one message, and the decisions add up to the
 /// messages offered.
@@ -196,14 +223,7 @@ async fn the_gauges_match_the_buckets_and_the_bytes_held() {
         .with(High, Some(BucketConfig::per_second(10.0).burst(4)))
         .with(Sheddable, Some(BucketConfig::per_second(10.0).burst(8)));
     config.memory = MemoryConfig::with_budget(1 << 20);
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let handle = recorder.handle();
-    let rt = metrics::with_local_recorder(&recorder, || {
-        Runtime::builder(config)
-            .clock(clock)
-            .start(|_job: Job<u64>| std::future::pending())
-            .unwrap()
-    });
+    let (rt, handle) = started_with_scrape(config, clock);
     for i in 0..2 {
         rt.try_submit(env(i, High).with_size_bytes(1000)).unwrap();
     }
@@ -211,13 +231,7 @@ async fn the_gauges_match_the_buckets_and_the_bytes_held() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await; // a few sampler ticks
     let text = handle.render();
-    let value = |line_start: &str| -> f64 {
-        text.lines()
-            .find(|l| l.starts_with(line_start))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{line_start} not in\n{text}"))
-    };
+    let value = |line_start: &str| scraped(&text, line_start);
     assert_eq!(value("triage_bucket_fill_ratio{tier=\"high\"}"), 0.5);
     assert_eq!(rt.buckets().fill(High), 0.5);
     assert_eq!(value("triage_bucket_fill_ratio{tier=\"sheddable\"}"), 0.875);
@@ -243,14 +257,7 @@ async fn the_refusal_counters_reach_the_scrape_once() {
     // 10 are refused for rate and handed back (Backpressure).
     config.buckets =
         BucketsConfig::default().with(High, Some(BucketConfig::per_second(10.0).burst(4)));
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let handle = recorder.handle();
-    let rt = metrics::with_local_recorder(&recorder, || {
-        Runtime::builder(config)
-            .clock(clock)
-            .start(|_job: Job<u64>| std::future::pending())
-            .unwrap()
-    });
+    let (rt, handle) = started_with_scrape(config, clock);
     let refused = (0..10)
         .filter(|&i| {
             matches!(
@@ -260,29 +267,22 @@ async fn the_refusal_counters_reach_the_scrape_once() {
         })
         .count();
     assert_eq!(refused, 6);
-    let value = |text: &str, line_start: &str| -> f64 {
-        text.lines()
-            .find(|l| l.starts_with(line_start))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{line_start} not in\n{text}"))
-    };
     for _ in 0..2 {
         tokio::time::sleep(Duration::from_millis(300)).await; // a few sampler ticks
         let text = handle.render();
         assert_eq!(
-            value(&text, "triage_refused_total{tier=\"high\",reason=\"rate\"}"),
+            scraped(&text, "triage_refused_total{tier=\"high\",reason=\"rate\"}"),
             6.0
         );
         assert_eq!(
-            value(
+            scraped(
                 &text,
                 "triage_admission_decisions_total{tier=\"high\",decision=\"shed-rate\"}"
             ),
             6.0
         );
         assert_eq!(
-            value(
+            scraped(
                 &text,
                 "triage_admission_decisions_total{tier=\"high\",decision=\"admitted\"}"
             ),
