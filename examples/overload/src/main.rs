@@ -380,8 +380,8 @@ async fn main() -> ExitCode {
         out.recovery_shed_levels
     );
     println!(
-        "   deferred copies drained back: {} completed, {} expired at intake (past their deadline: no handler call);\n   each copy is consumed at the tier it was deferred with, and admitted counts it there\n",
-        out.drained.completed, out.drained.expired
+        "   deferred copies drained back: {} completed, {} expired at intake (past their deadline: no handler call), {} deferred again;\n   each copy is consumed at the tier it was deferred with, and admitted counts it there\n",
+        out.drained.completed, out.drained.expired, out.drained.deferred
     );
     let total = out.stats.ledger.total();
     let offered: u64 = out
