@@ -21,7 +21,10 @@
 //! same partition behind it too: a held High message would make the Critical ones after it
 //! wait in the broker past their deadlines (head-of-line blocking). So the intake keeps pulling
 //! while it holds fewer than `max_held` messages, re-offers the held ones oldest first, and
-//! pauses the source only when that buffer is full. Memory stays bounded: at most
+//! pauses the source only when that buffer is full. A held message whose time left is less
+//! than the mean handler run (busy time over calls, at most 1 s) is expired at its turn rather
+//! than offered: oldest first, under sustained overload it would otherwise reach a worker right
+//! at its deadline and finish after it. Memory stays bounded: at most
 //! `capacity + in flight + max_held` messages per runtime and source, plus `max_parked` per
 //! runtime behind busy ordering keys (`crate::ordering`): the intake pauses its source while
 //! the key gate holds that many.

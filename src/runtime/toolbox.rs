@@ -18,8 +18,9 @@ impl<T: Send + Sync + 'static> Inner<T> {
     }
 
     /// Counts one first decision about a message of (original) tier `tier`: the count behind
-    /// [`Runtime::decisions`] and, from the next sampler tick, `triage_admission_decisions_total`. For a refusal outside `Inner::offer` (a circuit
-    /// found open before the offer, say), call [`decide`](Inner::decide) with
+    /// [`Runtime::decisions`] and, from the next sampler tick, `triage_admission_decisions_total`.
+    /// For a refusal outside `Inner::offer` (a circuit found open before the offer, say), call
+    /// [`decide`](Inner::decide) with
     /// [`Decision::ShedCircuit`] instead, so the message is counted once.
     #[inline]
     pub(crate) fn record_decision(&self, tier: Criticality, decision: Decision) {
