@@ -925,12 +925,19 @@ impl<T> WfqQueue<T> {
 
     /// After a push or pop changed the queue at `now`: publishes the length and re-evaluates
     /// queue-age admission unless it provably cannot change.
+    /// Publishes the length and the backlog bitmask that readers poll without the lock
+    /// (`len`, `looks_full_for`).
     #[inline]
-    fn changed(&self, st: &mut State<T>, now: Instant) {
+    fn publish(&self, st: &State<T>) {
         self.published.len.store(st.core.len(), Ordering::Relaxed);
         self.published
             .backlog
             .store(st.core.backlogged(), Ordering::Relaxed);
+    }
+
+    #[inline]
+    fn changed(&self, st: &mut State<T>, now: Instant) {
+        self.publish(st);
         if st.core.recheck_at.is_some_and(|at| now < at) {
             return;
         }
@@ -946,10 +953,7 @@ impl<T> WfqQueue<T> {
     /// computation of four ages and the state machine were a third of a push+pop). Above level
     /// 0, every change re-evaluates, as hysteresis needs the ages as they fall.
     fn observe(&self, st: &mut State<T>, now: Instant) {
-        self.published.len.store(st.core.len(), Ordering::Relaxed);
-        self.published
-            .backlog
-            .store(st.core.backlogged(), Ordering::Relaxed);
+        self.publish(st);
         if !st.config.admission.enabled {
             // Nothing to re-evaluate until `reconfigure` enables it (which observes).
             st.core.recheck_at = now.checked_add(Duration::from_secs(86_400));
