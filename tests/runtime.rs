@@ -1146,3 +1146,111 @@ async fn a_held_message_that_cannot_finish_in_time_is_expired_not_served() {
     assert_eq!(broker.acks().expired, 1);
     assert!(report.stats.balances(), "{report}");
 }
+
+/// One mixed source: Critical, 30 High, 5 Critical more, behind a single worker held by a
+/// gate and a queue of 2. High is held under backpressure up to `max_held` (8).
+async fn held_high_before_critical(
+    make_room: bool,
+) -> (
+    Runtime<u32>,
+    MemoryBroker<u32>,
+    Arc<MemorySink<u32>>,
+    Arc<tokio::sync::Semaphore>,
+) {
+    let mut c = overload_config(RefusalPolicy::Backpressure);
+    c.max_held = 8.try_into().unwrap();
+    c.queue = WfqConfig::with_capacity(2);
+    c.queue.admission = QueueAgeConfig::disabled();
+    c.defer_held_to_make_room = make_room;
+    let broker = MemoryBroker::new();
+    broker.publish(0, Criticality::Critical, None);
+    for i in 1..=30u32 {
+        broker.publish(i, Criticality::High, None);
+    }
+    for i in 31..=35u32 {
+        broker.publish(i, Criticality::Critical, None);
+    }
+    broker.close();
+    let sink = Arc::new(MemorySink::new());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut rt = Runtime::builder(c)
+        .defer_sink(Arc::clone(&sink))
+        .start(gated(Arc::clone(&gate)))
+        .unwrap();
+    rt.attach(broker.source());
+    (rt, broker, sink, gate)
+}
+
+/// A full held buffer makes room: the newest held High are deferred (reason `make_room`) so
+/// the intake reads on to the Critical messages behind them in the same source, while the
+/// single worker is still busy. With the option off the source pauses and they wait in the
+/// broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_held_buffer_defers_its_newest_lower_tier_to_reach_critical_behind_it() {
+    let (rt, broker, sink, gate) = held_high_before_critical(true).await;
+    assert!(
+        eventually(|| broker.backlog() == 0).await,
+        "the Critical messages behind the held High were never pulled: {:?}",
+        broker.acks()
+    );
+    // Pulled while the only worker is still on message 0: the gate has not opened.
+    assert_eq!(broker.acks().completed, 0);
+    gate.add_permits(1_000);
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    for i in [0, 31, 32, 33, 34, 35] {
+        assert_eq!(
+            broker.disposition(i),
+            Some(Disposition::Completed),
+            "critical {i}"
+        );
+    }
+    let deferred: Vec<u32> = sink.items().iter().map(|(id, _)| *id).collect();
+    assert!(!deferred.is_empty(), "{report}");
+    for (id, info) in sink.items() {
+        assert_eq!(info.criticality, Criticality::High, "message {id}");
+        assert_eq!(info.reason, "make_room", "message {id}");
+        assert_eq!(info.deferrals, 1, "message {id}");
+    }
+    // Newest first: of the High held in arrival order (3..=30; 1 and 2 took the queue and
+    // were evicted by Critical later), those served are an oldest prefix and those deferred
+    // the rest.
+    let served: Vec<u32> = (3..=30)
+        .filter(|&i| broker.disposition(u64::from(i)) == Some(Disposition::Completed))
+        .collect();
+    assert!(!served.is_empty(), "deferred {deferred:?}");
+    assert_eq!(
+        served,
+        (3..3 + served.len() as u32).collect::<Vec<_>>(),
+        "deferred {deferred:?}"
+    );
+    for i in served.len() as u32 + 3..=30 {
+        assert!(
+            deferred.contains(&i),
+            "high {i} neither served nor deferred"
+        );
+    }
+    let high = report.stats.ledger.tier(Criticality::High);
+    assert_eq!(high.completed + high.deferred, 30, "{report}");
+    assert_eq!(high.deferred, deferred.len() as u64, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_make_room_a_full_held_buffer_pauses_its_source() {
+    let (rt, broker, sink, gate) = held_high_before_critical(false).await;
+    assert!(
+        eventually(|| rt.stats().held >= 8).await,
+        "{:?}",
+        rt.stats()
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Paused behind the held High: the Critical messages wait in the broker.
+    assert!(broker.backlog() >= 5, "backlog {}", broker.backlog());
+    assert_eq!(sink.len(), 0);
+    gate.add_permits(1_000);
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    assert_eq!(report.stats.ledger.tier(Criticality::High).completed, 30);
+}

@@ -539,7 +539,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
     }
 
     /// Recent time (one atomic load), ns since `origin`.
-    fn recent_ns(&self) -> u64 {
+    pub(crate) fn recent_ns(&self) -> u64 {
         self.clock
             .recent()
             .saturating_duration_since(self.origin)
@@ -646,6 +646,40 @@ impl<T: Send + Sync + 'static> Inner<T> {
                     Offer::Hold(item)
                 }
             },
+        }
+    }
+
+    /// Deferrals a full held buffer may start now to make room (see
+    /// `RuntimeConfig::defer_held_to_make_room`): the free deferral permits, or 0 without a
+    /// healthy defer sink or with the option off.
+    pub(crate) fn room_deferrals(&self) -> usize {
+        if self.defer.is_none() || !self.config().defer_held_to_make_room || !self.defer_healthy() {
+            return 0;
+        }
+        self.deferring.available_permits()
+    }
+
+    /// Whether a held message may be deferred to make room: unkeyed (a copy would be served
+    /// after its key's later messages) and deferred fewer than `max_deferrals` times.
+    pub(crate) fn deferrable(&self, item: &Item<T>) -> bool {
+        item.key.is_none() && item.deferrals < self.config().max_deferrals
+    }
+
+    /// Defers a held message to make room for more important work behind it in its source
+    /// (reason `make_room`): published and acknowledged once the broker confirmed the copy, as
+    /// any deferral. Given back when no deferral permit is free.
+    pub(crate) fn defer_to_make_room(self: &Arc<Self>, mut item: Item<T>) -> Result<(), Item<T>> {
+        match Arc::clone(&self.deferring).try_acquire_owned() {
+            Ok(permit) => {
+                item.unmark_waiting();
+                let this = Arc::clone(self);
+                self.spawn(async move {
+                    this.defer_until_done(item, DeferReason::MakeRoom).await;
+                    drop(permit);
+                });
+                Ok(())
+            }
+            Err(_) => Err(item),
         }
     }
 

@@ -21,7 +21,15 @@
 //! same partition behind it too: a held High message would make the Critical ones after it
 //! wait in the broker past their deadlines (head-of-line blocking). So the intake keeps pulling
 //! while it holds fewer than `max_held` messages, re-offers the held ones oldest first, and
-//! pauses the source only when that buffer is full. A held message whose time left is less
+//! pauses the source only when that buffer is full, unless it can make room: if the source
+//! delivered a tier above the lowest held one within the last second, the more important work
+//! is (most likely) behind the held messages in the same partition or queue, and pausing would
+//! leave it waiting in the broker past its deadline. So the held messages of the tiers below it
+//! are deferred (reason `make_room`), lowest tier first and newest first within a tier (as the
+//! queue evicts), down to three quarters of `max_held`, and the intake reads on. This is the one
+//! place where a Backpressure tier is deferred: sustained arrival beyond capacity with more
+//! important work behind it (`RuntimeConfig::defer_held_to_make_room`; only with a healthy
+//! defer sink, never a keyed message). A held message whose time left is less
 //! than the mean handler run (busy time over calls, at most 1 s) is expired at its turn rather
 //! than offered: oldest first, under sustained overload it would otherwise reach a worker right
 //! at its deadline and finish after it. Memory stays bounded: at most
@@ -81,6 +89,9 @@ struct Held<T> {
     circuit: VecDeque<Item<T>>,
     circuit_generation: u64,
     circuit_at: tokio::time::Instant,
+    /// When this source last delivered a message of each rank (the engine's recent time, ns;
+    /// 0: never): what a full buffer knows of the work behind it (see `make_room`).
+    seen_ns: [u64; 4],
 }
 
 impl<T: Send + Sync + 'static> Held<T> {
@@ -95,6 +106,62 @@ impl<T: Send + Sync + 'static> Held<T> {
             circuit: VecDeque::new(),
             circuit_generation: 0,
             circuit_at: tokio::time::Instant::now(),
+            seen_ns: [0; 4],
+        }
+    }
+
+    /// A full held buffer makes room for more important work behind it in the source: the
+    /// held messages of the tiers below the highest one this source delivered within
+    /// [`SEEN_WINDOW_NS`] are deferred, lowest tier first and newest first within a tier (as
+    /// the queue evicts), until the buffer is three quarters of `max_held`. Pausing instead
+    /// would leave that work waiting in the broker, in the same partition, behind what is
+    /// held. Nothing is deferred without a healthy defer sink (the buffer pauses the source as
+    /// before), nor past the free deferral permits, nor a keyed message or one deferred
+    /// `max_deferrals` times already.
+    fn make_room(&mut self, inner: &Arc<Inner<T>>, max_held: usize) {
+        let permits = inner.room_deferrals();
+        if permits == 0 || self.len() < max_held {
+            return;
+        }
+        let now = inner.recent_ns();
+        let Some(top) = (0..self.seen_ns.len()).rev().find(|&r| {
+            self.seen_ns[r] != 0 && now.saturating_sub(self.seen_ns[r]) < SEEN_WINDOW_NS
+        }) else {
+            return;
+        };
+        let mut excess = (self.len() - max_held * 3 / 4).min(permits);
+        for rank in 0..top {
+            if excess == 0 {
+                break;
+            }
+            let candidates = self
+                .items
+                .iter()
+                .filter(|i| i.tier().rank() == rank && inner.deferrable(i))
+                .count();
+            if candidates == 0 {
+                continue;
+            }
+            // The oldest `keep` of this tier stay: they are offered first as capacity returns.
+            let mut keep = candidates.saturating_sub(excess);
+            let mut kept = VecDeque::with_capacity(self.items.len());
+            for item in self.items.drain(..) {
+                if item.tier().rank() != rank || !inner.deferrable(&item) {
+                    kept.push_back(item);
+                } else if keep > 0 {
+                    keep -= 1;
+                    kept.push_back(item);
+                } else {
+                    match inner.defer_to_make_room(item) {
+                        Ok(()) => {
+                            inner.held.fetch_sub(1, Ordering::Relaxed);
+                            excess -= 1;
+                        }
+                        Err(item) => kept.push_back(item),
+                    }
+                }
+            }
+            self.items = kept;
         }
     }
 
@@ -209,6 +276,10 @@ impl<T: Send + Sync + 'static> Held<T> {
     /// A new message: held at once behind older ones of a refused tier, else offered.
     fn offer_new(&mut self, inner: &Arc<Inner<T>>, item: Item<T>) {
         let rank = item.tier().rank();
+        let now = inner.recent_ns().max(1);
+        if self.seen_ns[rank] != now {
+            self.seen_ns[rank] = now;
+        }
         if self.refused_now(rank) {
             inner.held.fetch_add(1, Ordering::Relaxed);
             let mut item = item;
@@ -271,6 +342,10 @@ fn pulled_ahead<T: Send + Sync + 'static>(inner: &Inner<T>, prefetch: usize) -> 
     let queued = inner.queue.len();
     queued >= prefetch || queued + inner.gate.parked() >= prefetch * ORDERING_LOOKAHEAD
 }
+
+/// How recently a source must have delivered a tier for a full held buffer to make room for it
+/// (`Held::make_room`), in ns: one second.
+const SEEN_WINDOW_NS: u64 = 1_000_000_000;
 
 /// Most messages taken from a source in one turn of the intake loop (see `run`).
 const PULL_BATCH: usize = 32;
@@ -528,6 +603,9 @@ pub(crate) async fn run<S: Source>(
         let config = inner.config();
         let (max_held, max_parked) = (config.max_held.get(), config.max_parked.get());
         drop(config);
+        if mode == Mode::Normal {
+            held.make_room(&inner, max_held);
+        }
         let full = held.len() >= max_held || inner.gate.parked() >= max_parked;
         if full != paused {
             if full {

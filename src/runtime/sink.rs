@@ -29,6 +29,11 @@ pub enum DeferReason {
     /// The operator's forced shed level refused its tier
     /// ([`RuntimeConfig::forced_shed_level`](crate::runtime::RuntimeConfig::forced_shed_level)).
     Forced,
+    /// Held under backpressure while its source delivered more important work: the held
+    /// buffer was full, and deferring it let the intake read on to that work instead of
+    /// pausing the source (see
+    /// [`RuntimeConfig::defer_held_to_make_room`](crate::runtime::RuntimeConfig::defer_held_to_make_room)).
+    MakeRoom,
 }
 
 impl DeferReason {
@@ -43,6 +48,7 @@ impl DeferReason {
             DeferReason::Rate => "rate",
             DeferReason::Memory => "memory",
             DeferReason::Forced => "forced",
+            DeferReason::MakeRoom => "make_room",
         }
     }
 }

@@ -71,6 +71,15 @@ struct Args {
     /// runtime's `max_held`; default: the runtime's).
     #[arg(long)]
     max_held: Option<usize>,
+    /// Deferrals waiting for their broker confirm at once (the runtime's `max_deferring`;
+    /// default: the runtime's).
+    #[arg(long)]
+    max_deferring: Option<usize>,
+    /// Pause the partition when the held buffer is full, never deferring held High records
+    /// to reach the Critical ones behind them (the runtime's `defer_held_to_make_room =
+    /// false`; for comparison).
+    #[arg(long)]
+    no_make_room: bool,
     /// Serve Prometheus `/metrics` and `/healthz` on this address (e.g. 127.0.0.1:9898).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
@@ -187,6 +196,10 @@ async fn main() -> Result<(), Box<dyn Error>> {
     };
     if let Some(held) = args.max_held {
         config.max_held = NonZeroUsize::new(held).ok_or("--max-held must be at least 1")?;
+    }
+    config.defer_held_to_make_room = !args.no_make_room;
+    if let Some(n) = args.max_deferring {
+        config.max_deferring = NonZeroUsize::new(n).ok_or("--max-deferring must be at least 1")?;
     }
     let defer_sink = Arc::new(KafkaDeferSink::new(KafkaSinkConfig::new(
         &args.brokers,

@@ -69,16 +69,17 @@ triage under overload, next to a plain FIFO
 Usage: cargo run --release --example overload -- [OPTIONS]
 
 Options:
-      --factor <X>         Offered load as a multiple of the measured capacity [default: 3]
+      --factor <X>         Offered load as a multiple of the measured capacity, above 0, at most
+                           100 [default: 3]
       --mix <MIX>          Tier mix, percent of offered messages, `tier=percent` comma-separated
                            (adding up to 100; a tier left out gets 0)
                            [default: critical=10,high=20,medium=30,sheddable=40]
-      --duration-s <S>     Overload phase, seconds [default: 8]
-      --recovery-s <S>     Recovery phase at 0.5x, seconds (at least 0.5) [default: 4]
-      --workers <N>        Worker tasks (the fixed concurrency limit) [default: 8]
-      --service-ms <MS>    Handler service time, milliseconds. 0: a true no-op handler (no
-                           timer) [default: 2]
-      --capacity <N>       Queue capacity, messages [default: 256]
+      --duration-s <S>     Overload phase, seconds, at most 3600 [default: 8]
+      --recovery-s <S>     Recovery phase at 0.5x, seconds, 0.5..=3600 [default: 4]
+      --workers <N>        Worker tasks (the fixed concurrency limit), 1..=1024 [default: 8]
+      --service-ms <MS>    Handler service time, milliseconds, 0..=10000. 0: a true no-op
+                           handler (no timer) [default: 2]
+      --capacity <N>       Queue capacity, messages, 1..=1000000 [default: 256]
       --metrics <ADDR>     Serve Prometheus `/metrics` and `/healthz` on this address (e.g.
                            127.0.0.1:9898); needs `--features prometheus`
       --quiet              No live line, only the tables
@@ -106,7 +107,7 @@ Options:
 ";
 
 impl Args {
-    fn parse() -> Result<Self, lexopt::Error> {
+    fn parse() -> Result<Self, String> {
         use lexopt::prelude::*;
         let mut a = Args {
             factor: 3.0,
@@ -127,36 +128,97 @@ impl Args {
             failing_factor: 0.8,
         };
         let mut parser = lexopt::Parser::from_env();
-        while let Some(arg) = parser.next()? {
+        while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
             match arg {
-                Long("factor") => a.factor = parser.value()?.parse()?,
+                Long("factor") => a.factor = value(&mut parser, "factor")?,
                 Long("mix") => {
-                    let v = parser.value()?.string()?;
-                    a.mix = parse_mix(&v).map_err(lexopt::Error::from)?;
+                    let v: String = value(&mut parser, "mix")?;
+                    a.mix = parse_mix(&v)?;
                 }
-                Long("duration-s") => a.duration_s = parser.value()?.parse()?,
-                Long("recovery-s") => a.recovery_s = parser.value()?.parse()?,
-                Long("workers") => a.workers = parser.value()?.parse()?,
-                Long("service-ms") => a.service_ms = parser.value()?.parse()?,
-                Long("capacity") => a.capacity = parser.value()?.parse()?,
-                Long("metrics") => a.metrics = Some(parser.value()?.parse()?),
+                Long("duration-s") => a.duration_s = value(&mut parser, "duration-s")?,
+                Long("recovery-s") => a.recovery_s = value(&mut parser, "recovery-s")?,
+                Long("workers") => a.workers = value(&mut parser, "workers")?,
+                Long("service-ms") => a.service_ms = value(&mut parser, "service-ms")?,
+                Long("capacity") => a.capacity = value(&mut parser, "capacity")?,
+                Long("metrics") => a.metrics = Some(value(&mut parser, "metrics")?),
                 Long("quiet") => a.quiet = true,
-                Long("config") => a.config = Some(parser.value()?.into()),
-                Long("ordering") => a.ordering = parser.value()?.parse()?,
-                Long("keys") => a.keys = parser.value()?.parse()?,
+                Long("config") => {
+                    a.config = Some(parser.value().map_err(|e| e.to_string())?.into())
+                }
+                Long("ordering") => a.ordering = value(&mut parser, "ordering")?,
+                Long("keys") => a.keys = value(&mut parser, "keys")?,
                 Long("failing-downstream") => a.failing_downstream = true,
-                Long("failing-share") => a.failing_share = parser.value()?.parse()?,
-                Long("failing-ms") => a.failing_ms = parser.value()?.parse()?,
-                Long("failing-factor") => a.failing_factor = parser.value()?.parse()?,
+                Long("failing-share") => a.failing_share = value(&mut parser, "failing-share")?,
+                Long("failing-ms") => a.failing_ms = value(&mut parser, "failing-ms")?,
+                Long("failing-factor") => a.failing_factor = value(&mut parser, "failing-factor")?,
                 Short('h') | Long("help") => {
                     println!("{USAGE}\n{}", sim::LIVE_HELP);
                     std::process::exit(0);
                 }
-                _ => return Err(arg.unexpected()),
+                _ => return Err(arg.unexpected().to_string()),
             }
         }
+        a.check()?;
         Ok(a)
     }
+
+    /// The bounds this run can keep, each error naming its flag and range: the plain FIFO
+    /// baseline allocates its channel of `--capacity` up front, and the load generator keeps
+    /// `--factor` x capacity messages a second in memory, so values the runtime accepts can
+    /// still exhaust the machine here.
+    fn check(&self) -> Result<(), String> {
+        fn range<T: PartialOrd + std::fmt::Display>(
+            flag: &str,
+            v: T,
+            lo: T,
+            hi: T,
+        ) -> Result<(), String> {
+            if v >= lo && v <= hi {
+                Ok(())
+            } else {
+                Err(format!("--{flag} {v}: allowed {lo}..={hi}"))
+            }
+        }
+        fn positive(flag: &str, v: f64, hi: f64) -> Result<(), String> {
+            if v > 0.0 && v <= hi {
+                Ok(())
+            } else {
+                Err(format!("--{flag} {v}: allowed above 0, at most {hi}"))
+            }
+        }
+        positive("factor", self.factor, MAX_FACTOR)?;
+        positive("duration-s", self.duration_s, MAX_SECONDS)?;
+        range("recovery-s", self.recovery_s, 0.5, MAX_SECONDS)?;
+        range("workers", self.workers, 1, MAX_WORKERS)?;
+        range("service-ms", self.service_ms, 0.0, MAX_SERVICE_MS)?;
+        range("capacity", self.capacity, 1, MAX_CAPACITY)?;
+        range("keys", self.keys, 1, 10_000_000)?;
+        range("failing-share", self.failing_share, 0.0, 1.0)?;
+        range("failing-ms", self.failing_ms, 0.0, MAX_SERVICE_MS)?;
+        positive("failing-factor", self.failing_factor, MAX_FACTOR)?;
+        Ok(())
+    }
+}
+
+/// Bounds of this run's flags (see `Args::check`).
+const MAX_FACTOR: f64 = 100.0;
+const MAX_SECONDS: f64 = 3600.0;
+const MAX_WORKERS: usize = 1024;
+const MAX_SERVICE_MS: f64 = 10_000.0;
+const MAX_CAPACITY: usize = 1_000_000;
+
+/// The next value of `--flag`, parsed; the error names the flag and the value.
+fn value<T>(parser: &mut lexopt::Parser, flag: &str) -> Result<T, String>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    let raw = parser
+        .value()
+        .map_err(|e| format!("--{flag}: {e}"))?
+        .into_string()
+        .map_err(|raw| format!("--{flag} {}: not UTF-8", raw.to_string_lossy()))?;
+    raw.parse().map_err(|e| format!("--{flag} {raw}: {e}"))
 }
 
 fn parse_mix(s: &str) -> Result<[u32; 4], String> {
@@ -165,14 +227,24 @@ fn parse_mix(s: &str) -> Result<[u32; 4], String> {
         let (tier, pct) = part
             .split_once('=')
             .ok_or_else(|| format!("mix: `{part}` is not tier=percent"))?;
-        let tier: Criticality = tier.trim().parse().map_err(|e| format!("mix: {e}"))?;
-        mix[mix_index(tier)] = pct
+        let name = tier.trim();
+        let tier: Criticality = name.parse().map_err(|_| {
+            format!("--mix: `{name}` is not a tier (critical, high, medium, sheddable)")
+        })?;
+        let pct: u32 = pct
             .trim()
             .parse()
-            .map_err(|e| format!("mix: `{pct}`: {e}"))?;
+            .map_err(|e| format!("--mix: `{}` for {tier}: {e}", pct.trim()))?;
+        if pct > 100 {
+            return Err(format!("--mix: {tier}={pct}: allowed 0..=100"));
+        }
+        mix[mix_index(tier)] = pct;
     }
-    if mix.iter().sum::<u32>() != 100 {
-        return Err("mix: percentages must add up to 100".into());
+    let sum = mix.iter().sum::<u32>();
+    if sum != 100 {
+        return Err(format!(
+            "--mix: percentages add up to {sum}, must add up to 100"
+        ));
     }
     Ok(mix)
 }
@@ -202,22 +274,6 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if !(args.factor > 0.0
-        && args.duration_s > 0.0
-        && args.service_ms >= 0.0
-        && args.workers > 0
-        && args.capacity > 0
-        && args.keys > 0)
-    {
-        eprintln!(
-            "error: --factor, --duration-s, --workers, --capacity and --keys must be positive, --service-ms at least 0"
-        );
-        return ExitCode::from(2);
-    }
-    if !(args.factor.is_finite() && args.duration_s.is_finite() && args.service_ms.is_finite()) {
-        eprintln!("error: --factor, --duration-s and --service-ms must be finite numbers");
-        return ExitCode::from(2);
-    }
     // The runtime's own ranges (workers, queue capacity), checked before the capacity probe
     // starts that many workers, so a bad value is an error naming the field, not a panic.
     if let (Some(workers), Some(capacity)) = (
@@ -235,14 +291,8 @@ async fn main() -> ExitCode {
         }
     }
     if args.failing_downstream {
-        if !(args.service_ms > 0.0
-            && args.failing_ms >= 0.0
-            && (0.0..=1.0).contains(&args.failing_share)
-            && args.failing_factor > 0.0)
-        {
-            eprintln!(
-                "error: --failing-downstream needs --service-ms > 0, --failing-ms >= 0, --failing-share in 0..=1, --failing-factor > 0"
-            );
+        if args.service_ms <= 0.0 {
+            eprintln!("error: --failing-downstream needs --service-ms above 0");
             return ExitCode::from(2);
         }
         let params = failing::Params {
@@ -291,7 +341,7 @@ async fn main() -> ExitCode {
         factor: args.factor,
         mix: args.mix,
         duration: Duration::from_secs_f64(args.duration_s),
-        recovery: Duration::from_secs_f64(args.recovery_s.max(0.5)),
+        recovery: Duration::from_secs_f64(args.recovery_s),
         workers: args.workers,
         service: Duration::from_secs_f64(args.service_ms / 1000.0),
         capacity: args.capacity,
@@ -310,6 +360,13 @@ async fn main() -> ExitCode {
         },
         None => params,
     };
+    if params.workers > MAX_WORKERS || params.capacity > MAX_CAPACITY {
+        eprintln!(
+            "error: --config: workers {} and queue.capacity {}: this run allows workers 1..={MAX_WORKERS} and queue.capacity 1..={MAX_CAPACITY}",
+            params.workers, params.capacity
+        );
+        return ExitCode::from(2);
+    }
     println!(
         "triage overload run: {} workers, {} service time, queue capacity {} messages",
         params.workers,
