@@ -50,6 +50,8 @@ pub struct WorkerSpec {
     pub dir: PathBuf,
     /// One topic (queue) for every tier, or one per tier.
     pub layout: crate::worker::Layout,
+    /// A plain FIFO consumer instead of the runtime (`worker --fifo`).
+    pub fifo: bool,
 }
 
 /// A worker process of a phase, running or finished.
@@ -110,6 +112,9 @@ impl WorkerProc {
             "--metrics".to_owned(),
             metrics.to_string(),
         ];
+        if spec.fifo {
+            args.push("--fifo".to_owned());
+        }
         if let Some(i) = instance {
             args.push("--instance".to_owned());
             args.push(i.to_owned());

@@ -57,6 +57,9 @@ pub struct RunConfig {
     /// Restart phase: seconds of 3x traffic accumulated while no worker runs, then served
     /// while arrivals continue at 1x for `phase`. Zero: no restart phase.
     pub restart_backlog: Duration,
+    /// Restart phase: run it a second time with a plain FIFO consumer (`worker --fifo`,
+    /// Kafka) on a backlog of the same length and mix, for the baseline.
+    pub restart_fifo: bool,
 }
 
 /// The outcome of one phase.
@@ -103,6 +106,8 @@ pub struct Restart {
     /// A plain FIFO consumer at the measured capacity: position of the last backlog
     /// Critical record / capacity, seconds (computed, not run).
     pub fifo_s: f64,
+    /// The same restart served by a plain FIFO consumer (`--restart-fifo`, run): its figures.
+    pub fifo_run: Option<Box<Restart>>,
     /// Re-publishes (deferrals) during the phase, every tier.
     pub republished: u64,
 }
@@ -208,6 +213,27 @@ async fn run_broker(config: &RunConfig, broker: BrokerKind) -> BrokerResult {
         if let Some(r) = p.restart.as_mut() {
             r.fifo_s /= capacity;
         }
+        if config.restart_fifo && broker == BrokerKind::Kafka {
+            // A FIFO serves the whole backlog before the last arrivals: three times the
+            // backlog's length at 1x, plus the arrivals, plus the usual limit.
+            let fifo_config = RunConfig {
+                settle_limit: config.settle_limit + config.restart_backlog * 4 + config.phase,
+                ..config.clone()
+            };
+            let backlog = LoadSpec {
+                prefix: format!("{run}-fifo-backlog"),
+                ..backlog.clone()
+            };
+            let arrivals = LoadSpec {
+                prefix: format!("{run}-fifo"),
+                ..arrivals.clone()
+            };
+            let (f, _) = phase_fifo(&fifo_config, broker, &run, &arrivals, &backlog).await;
+            if let (Some(r), Some(mut fr)) = (p.restart.as_mut(), f.restart) {
+                fr.fifo_s /= capacity;
+                r.fifo_run = Some(Box::new(fr));
+            }
+        }
         phases.push(p);
     }
     let faults = config.kills > 0 || config.broker_restart || config.group_churn;
@@ -273,6 +299,48 @@ async fn phase_with(
     faults: Option<FaultPlan>,
     early: Option<&LoadSpec>,
 ) -> (PhaseResult, Option<f64>) {
+    phase_as(
+        config, broker, run, name, factor, spec, faults, early, false,
+    )
+    .await
+}
+
+/// The restart phase once more, served by a plain FIFO consumer: the baseline.
+async fn phase_fifo(
+    config: &RunConfig,
+    broker: BrokerKind,
+    run: &str,
+    arrivals: &LoadSpec,
+    backlog: &LoadSpec,
+) -> (PhaseResult, Option<f64>) {
+    let name = "restart-fifo";
+    phase_as(
+        config,
+        broker,
+        run,
+        name,
+        1.0,
+        arrivals,
+        None,
+        Some(backlog),
+        true,
+    )
+    .await
+}
+
+/// [`phase_with`], with the runtime's workers or (`fifo`) plain FIFO consumers.
+#[allow(clippy::too_many_arguments)]
+async fn phase_as(
+    config: &RunConfig,
+    broker: BrokerKind,
+    run: &str,
+    name: &str,
+    factor: f64,
+    spec: &LoadSpec,
+    faults: Option<FaultPlan>,
+    early: Option<&LoadSpec>,
+    fifo: bool,
+) -> (PhaseResult, Option<f64>) {
     let (topic, group) = names(broker, run, &name.replace('.', "_"));
     let dir = config
         .out
@@ -290,6 +358,7 @@ async fn phase_with(
         capacity: config.queue_capacity,
         dir: dir.clone(),
         layout: config.layout,
+        fifo,
     };
     eprintln!(
         "  phase {name}: {}",

@@ -120,6 +120,10 @@ struct RunArgs {
     /// while arrivals continue at 1x for --seconds (0: no restart phase).
     #[arg(long, default_value_t = 0)]
     restart_backlog: u64,
+    /// With --restart-backlog on Kafka: run the restart phase a second time with a plain FIFO
+    /// consumer (rdkafka, --workers tasks, the same handler) for the baseline.
+    #[arg(long)]
+    restart_fifo: bool,
     /// Directory for `proving-ground.md` and `proving-ground.svg` (default: --out).
     #[arg(long)]
     report: Option<PathBuf>,
@@ -171,6 +175,7 @@ fn main() -> ExitCode {
         launcher: faults::Launcher::Subcommand,
         layout: a.layout,
         restart_backlog: Duration::from_secs(a.restart_backlog),
+        restart_fifo: a.restart_fifo,
     };
     let command = format!(
         "cargo run --release -p triage-proving-ground -- {}",

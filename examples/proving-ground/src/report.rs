@@ -287,8 +287,8 @@ fn phase_md(s: &mut String, p: &PhaseResult) {
              while arrivals continued at 1x. Backlog Critical served: {} ({} in time). Time from \
              the worker's start until every backlog Critical record was served: **{}**; a plain \
              FIFO consumer at the measured capacity would reach the last one after about {:.1} s \
-             (its position in the backlog / capacity; computed, not run). Re-publishes (deferrals, \
-             every tier) during the phase: **{}**.\n",
+             (its position in the backlog / capacity; computed, not run){}. Re-publishes \
+             (deferrals, every tier) during the phase: **{}**.\n",
             r.backlog,
             r.backlog_critical,
             r.critical_served,
@@ -296,6 +296,18 @@ fn phase_md(s: &mut String, p: &PhaseResult) {
             r.critical_all_served_s
                 .map_or("not all served".to_owned(), |t| format!("{t:.1} s")),
             r.fifo_s,
+            r.fifo_run.as_ref().map_or(String::new(), |f| format!(
+                "; **run**: a plain FIFO consumer (rdkafka, the same tasks and handler, \
+                 `worker --fifo`) on a backlog of the same length and mix ({} records, {} \
+                 Critical) served every backlog Critical record after **{}** ({} of {} in \
+                 time), re-publishing none",
+                f.backlog,
+                f.backlog_critical,
+                f.critical_all_served_s
+                    .map_or("not all served".to_owned(), |t| format!("{t:.1} s")),
+                f.critical_in_time,
+                f.backlog_critical
+            )),
             r.republished
         );
     }

@@ -419,6 +419,7 @@ fn spec(args: &ScaleArgs, broker: BrokerKind, topic: &str, group: &str, dir: &Pa
         capacity: args.capacity,
         dir: dir.to_path_buf(),
         layout: Layout::Mixed,
+        fifo: false,
     }
 }
 

@@ -158,6 +158,11 @@ pub struct WorkerArgs {
     /// One mixed topic (queue), or one per tier (`<topic>.<tier>`).
     #[arg(long, value_enum, default_value = "mixed")]
     pub layout: Layout,
+    /// No triage: a plain FIFO consumer (rdkafka's `StreamConsumer`, `--workers` tasks fed
+    /// through a bounded async-channel in offset order, the same handler, offsets committed
+    /// by librdkafka's auto-commit), the baseline of the restart phase. Kafka, mixed layout.
+    #[arg(long)]
+    pub fifo: bool,
 }
 
 /// The message id and poison flag from a payload `id,tier,produced_ms,poison`.
@@ -493,6 +498,9 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
             .map_err(|_| format!("{WORK_CONSERVING_ENV} must be true or false"))?;
     }
     let service = Duration::from_millis(args.service_ms);
+    if args.fifo {
+        return run_fifo(&args, log, service, &recorder).await;
+    }
     let deferred = format!("{}.deferred", args.topic);
     let dead = format!("{}.dead", args.topic);
 
@@ -619,6 +627,84 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     println!("{report}");
+    Ok(())
+}
+
+/// The plain FIFO consumer of `--fifo`: every record handled in offset order by `workers`
+/// tasks, nothing refused, deferred or expired, each completion (or poison failure) logged as
+/// the runtime's workers log theirs. What a worker without triage does with a backlog.
+async fn run_fifo(
+    args: &WorkerArgs,
+    log: Arc<DispositionLog>,
+    service: Duration,
+    recorder: &Recorder,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use triage_kafka::rdkafka::consumer::{Consumer, StreamConsumer};
+    use triage_kafka::rdkafka::{ClientConfig, Message};
+    if args.broker != BrokerKind::Kafka || args.layout != Layout::Mixed {
+        return Err("--fifo: Kafka with the mixed layout only".into());
+    }
+    let mut client = ClientConfig::new();
+    client
+        .set("bootstrap.servers", KAFKA)
+        .set("group.id", &args.group)
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "true")
+        .set("auto.commit.interval.ms", "200");
+    if let Some(instance) = &args.instance {
+        client.set("group.instance.id", instance);
+    }
+    let consumer: StreamConsumer = client.create()?;
+    consumer.subscribe(&[args.topic.as_str()])?;
+    let (tx, rx) = async_channel::bounded::<(Vec<u8>, Criticality)>(args.workers * 2);
+    let mut tasks = Vec::new();
+    for _ in 0..args.workers.max(1) {
+        let (rx, log) = (rx.clone(), Arc::clone(&log));
+        tasks.push(tokio::spawn(async move {
+            while let Ok((body, tier)) = rx.recv().await {
+                tokio::time::sleep(service).await;
+                let (_, poison) = parse_payload(&body);
+                let d = if poison {
+                    Disposition::Failed
+                } else {
+                    Disposition::Completed
+                };
+                log.record(&body, tier, d);
+            }
+        }));
+    }
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            _ = terminate.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = tick.tick() => write_stats(&args.stats, recorder, cpu_ticks(None)),
+            m = consumer.recv() => {
+                let m = match m {
+                    Ok(m) => m,
+                    Err(e) => {
+                        eprintln!("fifo: {e}");
+                        continue;
+                    }
+                };
+                let body = m.payload().unwrap_or(&[]).to_vec();
+                let tier = std::str::from_utf8(&body)
+                    .ok()
+                    .and_then(|t| t.split(',').nth(1))
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(Criticality::Medium);
+                if tx.send((body, tier)).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    tx.close();
+    for t in tasks {
+        let _ = t.await;
+    }
+    write_stats(&args.stats, recorder, cpu_ticks(None));
     Ok(())
 }
 

@@ -78,6 +78,7 @@ fn short_form(broker: worker::BrokerKind) -> harness::RunConfig {
         },
         layout: worker::Layout::Mixed,
         restart_backlog: Duration::ZERO,
+        restart_fifo: false,
     }
 }
 
