@@ -1147,10 +1147,14 @@ async fn a_held_message_that_cannot_finish_in_time_is_expired_not_served() {
     assert!(report.stats.balances(), "{report}");
 }
 
-/// One mixed source: Critical, 30 High, 5 Critical more, behind a single worker held by a
-/// gate and a queue of 2. High is held under backpressure up to `max_held` (8).
+/// One mixed source: Critical, 30 High, 5 Critical more (with `deadline` from now), behind a
+/// single worker held by a gate and a queue of 2. High is held under backpressure up to
+/// `max_held` (8). With `first_free`, message 0 is served at once (a measured handler run of
+/// about 5 ms) and the gate holds the next one.
 async fn held_high_before_critical(
     make_room: bool,
+    deadline: Duration,
+    first_free: bool,
 ) -> (
     Runtime<u32>,
     MemoryBroker<u32>,
@@ -1162,32 +1166,51 @@ async fn held_high_before_critical(
     c.queue = WfqConfig::with_capacity(2);
     c.queue.admission = QueueAgeConfig::disabled();
     c.defer_held_to_make_room = make_room;
+    let clock = triage::quanta::Clock::new();
+    let deadline = clock.now() + deadline;
     let broker = MemoryBroker::new();
-    broker.publish(0, Criticality::Critical, None);
+    broker.publish(0, Criticality::Critical, Some(deadline));
+    let sink = Arc::new(MemorySink::new());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = Arc::clone(&gate);
+    let mut rt = Runtime::builder(c)
+        .clock(clock)
+        .defer_sink(Arc::clone(&sink))
+        .start(move |job: Job<u32>| {
+            let g = Arc::clone(&g);
+            let free = first_free && *job.payload() == 0;
+            async move {
+                if free {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                } else {
+                    g.acquire().await.unwrap().forget();
+                }
+                Ok::<(), HandlerError>(())
+            }
+        })
+        .unwrap();
+    rt.attach(broker.source());
+    if first_free {
+        assert!(eventually(|| broker.acks().completed == 1).await);
+    }
     for i in 1..=30u32 {
         broker.publish(i, Criticality::High, None);
     }
     for i in 31..=35u32 {
-        broker.publish(i, Criticality::Critical, None);
+        broker.publish(i, Criticality::Critical, Some(deadline));
     }
     broker.close();
-    let sink = Arc::new(MemorySink::new());
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let mut rt = Runtime::builder(c)
-        .defer_sink(Arc::clone(&sink))
-        .start(gated(Arc::clone(&gate)))
-        .unwrap();
-    rt.attach(broker.source());
     (rt, broker, sink, gate)
 }
 
 /// A full held buffer makes room: the newest held High are deferred (reason `make_room`) so
 /// the intake reads on to the Critical messages behind them in the same source, while the
-/// single worker is still busy. With the option off the source pauses and they wait in the
-/// broker.
+/// single worker is still busy (no handler run measured yet: any deadline is at risk). With
+/// the option off the source pauses and they wait in the broker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_held_buffer_defers_its_newest_lower_tier_to_reach_critical_behind_it() {
-    let (rt, broker, sink, gate) = held_high_before_critical(true).await;
+    let (rt, broker, sink, gate) =
+        held_high_before_critical(true, Duration::from_secs(60), false).await;
     assert!(
         eventually(|| broker.backlog() == 0).await,
         "the Critical messages behind the held High were never pulled: {:?}",
@@ -1238,7 +1261,8 @@ async fn a_full_held_buffer_defers_its_newest_lower_tier_to_reach_critical_behin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_make_room_a_full_held_buffer_pauses_its_source() {
-    let (rt, broker, sink, gate) = held_high_before_critical(false).await;
+    let (rt, broker, sink, gate) =
+        held_high_before_critical(false, Duration::from_secs(60), false).await;
     assert!(
         eventually(|| rt.stats().held >= 8).await,
         "{:?}",
@@ -1253,4 +1277,31 @@ async fn without_make_room_a_full_held_buffer_pauses_its_source() {
     let report = rt.shutdown(Duration::from_secs(5)).await;
     assert!(report.stats.balances(), "{report}");
     assert_eq!(report.stats.ledger.tier(Criticality::High).completed, 30);
+}
+
+/// Critical with an hour of slack is not at risk behind a held buffer that the workers clear
+/// in well under a second (a handler run measured at about 5 ms): the source pauses, and the
+/// held High are served later rather than deferred.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_held_buffer_pauses_when_the_work_behind_it_has_time_to_spare() {
+    let (rt, broker, sink, gate) =
+        held_high_before_critical(true, Duration::from_secs(3600), true).await;
+    assert!(
+        eventually(|| rt.stats().held >= 8).await,
+        "{:?}",
+        rt.stats()
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(broker.backlog() >= 5, "backlog {}", broker.backlog());
+    assert_eq!(
+        sink.len(),
+        0,
+        "deferred although Critical had time to spare"
+    );
+    gate.add_permits(1_000);
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    assert_eq!(report.stats.ledger.tier(Criticality::High).completed, 30);
+    assert_eq!(report.stats.ledger.tier(Criticality::Critical).completed, 6);
 }

@@ -249,8 +249,10 @@ pub struct RuntimeConfig {
     #[serde(deserialize_with = "crate::config_de::count::<_, 100_000>")]
     pub max_held: NonZeroUsize,
     /// Make room rather than pause when the held buffer is full: if the source delivered a
-    /// tier above the lowest held one within the last second, the held messages of the tiers
-    /// below it are deferred (reason `make_room`), lowest tier first and newest first within
+    /// tier above the lowest held one within the last second, with less deadline slack at
+    /// intake than twice the time the workers need to serve what is held and queued (so that
+    /// pausing would make it miss its deadline), the held messages of the tiers below it are
+    /// deferred (reason `make_room`), lowest tier first and newest first within
     /// it (as the queue evicts), until the buffer is three quarters full, and the intake reads
     /// on to the more important work. Only with a healthy defer sink, only unkeyed messages
     /// deferred fewer than `max_deferrals` times, at most `max_deferring` at once; the rest

@@ -21,11 +21,12 @@
 //! same partition behind it too: a held High message would make the Critical ones after it
 //! wait in the broker past their deadlines (head-of-line blocking). So the intake keeps pulling
 //! while it holds fewer than `max_held` messages, re-offers the held ones oldest first, and
-//! pauses the source only when that buffer is full, unless it can make room: if the source
-//! delivered a tier above the lowest held one within the last second, the more important work
-//! is (most likely) behind the held messages in the same partition or queue, and pausing would
-//! leave it waiting in the broker past its deadline. So the held messages of the tiers below it
-//! are deferred (reason `make_room`), lowest tier first and newest first within a tier (as the
+//! pauses the source only when that buffer is full, unless it must make room: if the source
+//! delivered a tier above the lowest held one within the last second, whose messages arrive
+//! with less deadline slack than twice the time the workers need to serve what is held and
+//! queued, the more important work is (most likely) behind the held messages in the same
+//! partition or queue, and pausing would leave it waiting in the broker past its deadline. So
+//! the held messages of the tiers below it are deferred (reason `make_room`), lowest tier first and newest first within a tier (as the
 //! queue evicts), down to three quarters of `max_held`, and the intake reads on. This is the one
 //! place where a Backpressure tier is deferred: sustained arrival beyond capacity with more
 //! important work behind it (`RuntimeConfig::defer_held_to_make_room`; only with a healthy
@@ -92,6 +93,9 @@ struct Held<T> {
     /// When this source last delivered a message of each rank (the engine's recent time, ns;
     /// 0: never): what a full buffer knows of the work behind it (see `make_room`).
     seen_ns: [u64; 4],
+    /// The deadline slack this source's messages of each rank arrive with, ns, a moving mean
+    /// (each new one weighs 1/8); `u64::MAX` while none with a deadline was seen.
+    slack_ns: [u64; 4],
 }
 
 impl<T: Send + Sync + 'static> Held<T> {
@@ -107,26 +111,42 @@ impl<T: Send + Sync + 'static> Held<T> {
             circuit_generation: 0,
             circuit_at: tokio::time::Instant::now(),
             seen_ns: [0; 4],
+            slack_ns: [u64::MAX; 4],
         }
     }
 
-    /// A full held buffer makes room for more important work behind it in the source: the
-    /// held messages of the tiers below the highest one this source delivered within
-    /// [`SEEN_WINDOW_NS`] are deferred, lowest tier first and newest first within a tier (as
-    /// the queue evicts), until the buffer is three quarters of `max_held`. Pausing instead
-    /// would leave that work waiting in the broker, in the same partition, behind what is
-    /// held. Nothing is deferred without a healthy defer sink (the buffer pauses the source as
-    /// before), nor past the free deferral permits, nor a keyed message or one deferred
-    /// `max_deferrals` times already.
+    /// A full held buffer makes room for more important work behind it in the source when
+    /// pausing would make that work miss its deadline: the held messages of the tiers below
+    /// the highest tier at risk are deferred, lowest tier first and newest first within a
+    /// tier (as the queue evicts), until the buffer is three quarters of `max_held`.
+    ///
+    /// A tier is at risk when this source delivered it within [`SEEN_WINDOW_NS`] and its
+    /// messages arrive with less deadline slack (a moving mean) than twice the time the
+    /// workers take to serve what is held and queued (`(held + queued) × mean handler run /
+    /// limit`, the time until pausing would let the source be read again), or with any
+    /// deadline before a handler run was measured. Pausing instead would leave that work
+    /// waiting in the broker, in the same partition, behind what is held; with time to spare
+    /// (a restart's backlog with long deadlines) pausing costs it nothing, and the held
+    /// messages are served in time rather than deferred. Nothing is deferred without a healthy
+    /// defer sink (the buffer pauses the source as before), nor past the free deferral
+    /// permits, nor a keyed message or one deferred `max_deferrals` times already.
     fn make_room(&mut self, inner: &Arc<Inner<T>>, max_held: usize) {
         let permits = inner.room_deferrals();
         if permits == 0 || self.len() < max_held {
             return;
         }
         let now = inner.recent_ns();
-        let Some(top) = (0..self.seen_ns.len()).rev().find(|&r| {
-            self.seen_ns[r] != 0 && now.saturating_sub(self.seen_ns[r]) < SEEN_WINDOW_NS
-        }) else {
+        let queued = (self.len() + inner.queue.len()) as u128;
+        let mean = inner.mean_service().as_nanos();
+        let limit = inner.limit.limit().max(1) as u128;
+        let drain_ns = u64::try_from(queued * mean / limit).unwrap_or(u64::MAX);
+        let at_risk = |r: usize| {
+            self.seen_ns[r] != 0
+                && now.saturating_sub(self.seen_ns[r]) < SEEN_WINDOW_NS
+                && self.slack_ns[r] != u64::MAX
+                && (mean == 0 || self.slack_ns[r] < drain_ns.saturating_mul(2))
+        };
+        let Some(top) = (0..self.seen_ns.len()).rev().find(|&r| at_risk(r)) else {
             return;
         };
         let mut excess = (self.len() - max_held * 3 / 4).min(permits);
@@ -279,6 +299,18 @@ impl<T: Send + Sync + 'static> Held<T> {
         let now = inner.recent_ns().max(1);
         if self.seen_ns[rank] != now {
             self.seen_ns[rank] = now;
+        }
+        if let Some(deadline) = item.deadline {
+            let slack = deadline
+                .saturating_duration_since(inner.clock.recent())
+                .as_nanos();
+            let slack = u64::try_from(slack).unwrap_or(u64::MAX - 1);
+            let mean = &mut self.slack_ns[rank];
+            *mean = if *mean == u64::MAX {
+                slack
+            } else {
+                *mean - *mean / 8 + slack / 8
+            };
         }
         if self.refused_now(rank) {
             inner.held.fetch_add(1, Ordering::Relaxed);
