@@ -57,8 +57,8 @@ pub struct RunConfig {
     /// Restart phase: seconds of 3x traffic accumulated while no worker runs, then served
     /// while arrivals continue at 1x for `phase`. Zero: no restart phase.
     pub restart_backlog: Duration,
-    /// Restart phase: run it a second time with a plain FIFO consumer (`worker --fifo`,
-    /// Kafka) on a backlog of the same length and mix, for the baseline.
+    /// Restart phase: run it a second time with a plain FIFO consumer (`worker --fifo`) on a
+    /// backlog of the same length and mix, for the baseline.
     pub restart_fifo: bool,
 }
 
@@ -213,7 +213,7 @@ async fn run_broker(config: &RunConfig, broker: BrokerKind) -> BrokerResult {
         if let Some(r) = p.restart.as_mut() {
             r.fifo_s /= capacity;
         }
-        if config.restart_fifo && broker == BrokerKind::Kafka {
+        if config.restart_fifo {
             // A FIFO serves the whole backlog before the last arrivals: three times the
             // backlog's length at 1x, plus the arrivals, plus the usual limit.
             let fifo_config = RunConfig {

@@ -120,8 +120,8 @@ struct RunArgs {
     /// while arrivals continue at 1x for --seconds (0: no restart phase).
     #[arg(long, default_value_t = 0)]
     restart_backlog: u64,
-    /// With --restart-backlog on Kafka: run the restart phase a second time with a plain FIFO
-    /// consumer (rdkafka, --workers tasks, the same handler) for the baseline.
+    /// With --restart-backlog: run the restart phase a second time with a plain FIFO consumer
+    /// (rdkafka or lapin, --workers tasks, the same handler) for the baseline.
     #[arg(long)]
     restart_fifo: bool,
     /// Directory for `proving-ground.md` and `proving-ground.svg` (default: --out).

@@ -297,8 +297,9 @@ fn phase_md(s: &mut String, p: &PhaseResult) {
                 .map_or("not all served".to_owned(), |t| format!("{t:.1} s")),
             r.fifo_s,
             r.fifo_run.as_ref().map_or(String::new(), |f| format!(
-                "; **run**: a plain FIFO consumer (rdkafka, the same tasks and handler, \
-                 `worker --fifo`) on a backlog of the same length and mix ({} records, {} \
+                "; **run**: a plain consumer without triage (the broker's client, the same \
+                 tasks and handler, in the order the broker delivers: offsets on Kafka, \
+                 priorities on a RabbitMQ priority queue; `worker --fifo`) on a backlog of the same length and mix ({} records, {} \
                  Critical) served every backlog Critical record after **{}** ({} of {} in \
                  time), re-publishing none",
                 f.backlog,

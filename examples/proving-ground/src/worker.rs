@@ -158,9 +158,11 @@ pub struct WorkerArgs {
     /// One mixed topic (queue), or one per tier (`<topic>.<tier>`).
     #[arg(long, value_enum, default_value = "mixed")]
     pub layout: Layout,
-    /// No triage: a plain FIFO consumer (rdkafka's `StreamConsumer`, `--workers` tasks fed
-    /// through a bounded async-channel in offset order, the same handler, offsets committed
-    /// by librdkafka's auto-commit), the baseline of the restart phase. Kafka, mixed layout.
+    /// No triage: a plain FIFO consumer, the baseline of the restart phase: `--workers` tasks
+    /// fed through a bounded async-channel in arrival order, the same handler. Kafka:
+    /// rdkafka's `StreamConsumer`, offsets committed by librdkafka's auto-commit; RabbitMQ: a
+    /// lapin consumer with a prefetch of twice the tasks, each delivery acknowledged after it
+    /// is handled. Mixed layout only.
     #[arg(long)]
     pub fifo: bool,
 }
@@ -641,8 +643,11 @@ async fn run_fifo(
 ) -> Result<(), Box<dyn std::error::Error>> {
     use triage_kafka::rdkafka::consumer::{Consumer, StreamConsumer};
     use triage_kafka::rdkafka::{ClientConfig, Message};
-    if args.broker != BrokerKind::Kafka || args.layout != Layout::Mixed {
-        return Err("--fifo: Kafka with the mixed layout only".into());
+    if args.layout != Layout::Mixed {
+        return Err("--fifo: the mixed layout only".into());
+    }
+    if args.broker == BrokerKind::Amqp {
+        return run_fifo_amqp(args, log, service, recorder).await;
     }
     let mut client = ClientConfig::new();
     client
@@ -705,6 +710,80 @@ async fn run_fifo(
         let _ = t.await;
     }
     write_stats(&args.stats, recorder, cpu_ticks(None));
+    Ok(())
+}
+
+/// `--fifo` on RabbitMQ: a plain lapin consumer on the queue (prefetch `2 x workers`, the
+/// broker's priority order is all it knows), `workers` tasks, the same handler, each delivery
+/// acknowledged after its line is logged.
+async fn run_fifo_amqp(
+    args: &WorkerArgs,
+    log: Arc<DispositionLog>,
+    service: Duration,
+    recorder: &Recorder,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use futures_util::StreamExt;
+    use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+    use triage_amqp::lapin;
+    let (conn, ch) = crate::load::amqp_connect().await;
+    let prefetch = u16::try_from(args.workers * 2).unwrap_or(u16::MAX);
+    ch.basic_qos(prefetch, BasicQosOptions::default()).await?;
+    let mut consumer = ch
+        .basic_consume(
+            &args.topic,
+            "proving-ground-fifo",
+            BasicConsumeOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await?;
+    let (tx, rx) = async_channel::bounded::<lapin::message::Delivery>(args.workers * 2);
+    let mut tasks = Vec::new();
+    for _ in 0..args.workers.max(1) {
+        let (rx, log) = (rx.clone(), Arc::clone(&log));
+        tasks.push(tokio::spawn(async move {
+            while let Ok(delivery) = rx.recv().await {
+                tokio::time::sleep(service).await;
+                let body = &delivery.data;
+                let (_, poison) = parse_payload(body);
+                let tier = std::str::from_utf8(body)
+                    .ok()
+                    .and_then(|t| t.split(',').nth(1))
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(Criticality::Medium);
+                let d = if poison {
+                    Disposition::Failed
+                } else {
+                    Disposition::Completed
+                };
+                log.record(body, tier, d);
+                let _ = delivery.ack(BasicAckOptions::default()).await;
+            }
+        }));
+    }
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            _ = terminate.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = tick.tick() => write_stats(&args.stats, recorder, cpu_ticks(None)),
+            d = consumer.next() => match d {
+                Some(Ok(delivery)) => {
+                    if tx.send(delivery).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Err(e)) => eprintln!("fifo: {e}"),
+                None => break,
+            },
+        }
+    }
+    tx.close();
+    for t in tasks {
+        let _ = t.await;
+    }
+    write_stats(&args.stats, recorder, cpu_ticks(None));
+    let _ = conn.close(200, "fifo done").await;
     Ok(())
 }
 
