@@ -1153,7 +1153,7 @@ async fn a_held_message_that_cannot_finish_in_time_is_expired_not_served() {
 /// about 5 ms) and the gate holds the next one.
 async fn held_high_before_critical(
     make_room: bool,
-    deadline: Duration,
+    deadline: Option<Duration>,
     first_free: bool,
 ) -> (
     Runtime<u32>,
@@ -1167,9 +1167,9 @@ async fn held_high_before_critical(
     c.queue.admission = QueueAgeConfig::disabled();
     c.defer_held_to_make_room = make_room;
     let clock = triage::quanta::Clock::new();
-    let deadline = clock.now() + deadline;
+    let deadline = deadline.map(|d| clock.now() + d);
     let broker = MemoryBroker::new();
-    broker.publish(0, Criticality::Critical, Some(deadline));
+    broker.publish(0, Criticality::Critical, deadline);
     let sink = Arc::new(MemorySink::new());
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let g = Arc::clone(&gate);
@@ -1197,7 +1197,7 @@ async fn held_high_before_critical(
         broker.publish(i, Criticality::High, None);
     }
     for i in 31..=35u32 {
-        broker.publish(i, Criticality::Critical, Some(deadline));
+        broker.publish(i, Criticality::Critical, deadline);
     }
     broker.close();
     (rt, broker, sink, gate)
@@ -1210,7 +1210,7 @@ async fn held_high_before_critical(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_held_buffer_defers_its_newest_lower_tier_to_reach_critical_behind_it() {
     let (rt, broker, sink, gate) =
-        held_high_before_critical(true, Duration::from_secs(60), false).await;
+        held_high_before_critical(true, Some(Duration::from_secs(60)), false).await;
     assert!(
         eventually(|| broker.backlog() == 0).await,
         "the Critical messages behind the held High were never pulled: {:?}",
@@ -1262,7 +1262,7 @@ async fn a_full_held_buffer_defers_its_newest_lower_tier_to_reach_critical_behin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_make_room_a_full_held_buffer_pauses_its_source() {
     let (rt, broker, sink, gate) =
-        held_high_before_critical(false, Duration::from_secs(60), false).await;
+        held_high_before_critical(false, Some(Duration::from_secs(60)), false).await;
     assert!(
         eventually(|| rt.stats().held >= 8).await,
         "{:?}",
@@ -1285,7 +1285,7 @@ async fn without_make_room_a_full_held_buffer_pauses_its_source() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_held_buffer_pauses_when_the_work_behind_it_has_time_to_spare() {
     let (rt, broker, sink, gate) =
-        held_high_before_critical(true, Duration::from_secs(3600), true).await;
+        held_high_before_critical(true, Some(Duration::from_secs(3600)), true).await;
     assert!(
         eventually(|| rt.stats().held >= 8).await,
         "{:?}",
@@ -1304,4 +1304,24 @@ async fn a_full_held_buffer_pauses_when_the_work_behind_it_has_time_to_spare() {
     assert!(report.stats.balances(), "{report}");
     assert_eq!(report.stats.ledger.tier(Criticality::High).completed, 30);
     assert_eq!(report.stats.ledger.tier(Criticality::Critical).completed, 6);
+}
+
+/// Critical with no deadline (a topic whose producers stamp none) is at risk behind a full
+/// held buffer: nothing bounds its wait in the broker, so room is made, even with a handler
+/// run measured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_held_buffer_makes_room_for_critical_without_a_deadline() {
+    let (rt, broker, sink, gate) = held_high_before_critical(true, None, true).await;
+    assert!(
+        eventually(|| broker.backlog() == 0).await,
+        "the Critical messages behind the held High were never pulled"
+    );
+    assert!(!sink.is_empty());
+    gate.add_permits(1_000);
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    assert_eq!(report.stats.ledger.tier(Criticality::Critical).completed, 6);
+    let high = report.stats.ledger.tier(Criticality::High);
+    assert_eq!(high.completed + high.deferred, 30, "{report}");
 }

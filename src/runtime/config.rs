@@ -19,7 +19,12 @@ pub(crate) const MAX_FORCED_SHED_LEVEL: u8 = 3;
 #[serde(rename_all = "snake_case")]
 pub enum RefusalPolicy {
     /// Hold the message, stop pulling from its source, and retry it as capacity returns: the
-    /// broker is the buffer. A pull-based source never loses such a message to overload.
+    /// broker is the buffer. A pull-based source never loses such a message to overload. The
+    /// intake holds up to `max_held` per source while it keeps pulling; when that buffer is
+    /// full while more important work at risk arrives behind it, the newest held messages are
+    /// deferred to make room if a defer sink exists
+    /// ([`RuntimeConfig::defer_held_to_make_room`], on by default; set it to `false` to keep
+    /// such a tier out of the defer topic).
     Backpressure,
     /// Re-publish it to the durable defer sink and acknowledge it once the broker confirmed
     /// the copy. Needs a defer sink: without one the runtime refuses to start (a `defer`
@@ -251,8 +256,9 @@ pub struct RuntimeConfig {
     /// Make room rather than pause when the held buffer is full: if the source delivered a
     /// tier above the lowest held one within the last second, with less deadline slack at
     /// intake than twice the time the workers need to serve what is held and queued (so that
-    /// pausing would make it miss its deadline), the held messages of the tiers below it are
-    /// deferred (reason `make_room`), lowest tier first and newest first within
+    /// pausing would make it miss its deadline, or with no deadline, or any before a handler
+    /// run was measured; the slack is a moving mean, each record weighing 1/8), the held
+    /// messages of the tiers below it are deferred (reason `make_room`), lowest tier first and newest first within
     /// it (as the queue evicts), until the buffer is three quarters full, and the intake reads
     /// on to the more important work. Only with a healthy defer sink, only unkeyed messages
     /// deferred fewer than `max_deferrals` times, at most `max_deferring` at once; the rest

@@ -124,7 +124,9 @@ impl<T: Send + Sync + 'static> Held<T> {
     /// messages arrive with less deadline slack (a moving mean) than twice the time the
     /// workers take to serve what is held and queued (`(held + queued) × mean handler run /
     /// limit`, the time until pausing would let the source be read again), or with any
-    /// deadline before a handler run was measured. Pausing instead would leave that work
+    /// deadline before a handler run was measured, or with no deadline at all (nothing bounds
+    /// how long it would wait in the broker: on a topic whose producers stamp no deadline,
+    /// Critical has none by default). Pausing instead would leave that work
     /// waiting in the broker, in the same partition, behind what is held; with time to spare
     /// (a restart's backlog with long deadlines) pausing costs it nothing, and the held
     /// messages are served in time rather than deferred. Nothing is deferred without a healthy
@@ -143,8 +145,9 @@ impl<T: Send + Sync + 'static> Held<T> {
         let at_risk = |r: usize| {
             self.seen_ns[r] != 0
                 && now.saturating_sub(self.seen_ns[r]) < SEEN_WINDOW_NS
-                && self.slack_ns[r] != u64::MAX
-                && (mean == 0 || self.slack_ns[r] < drain_ns.saturating_mul(2))
+                && (self.slack_ns[r] == u64::MAX
+                    || mean == 0
+                    || self.slack_ns[r] < drain_ns.saturating_mul(2))
         };
         let Some(top) = (0..self.seen_ns.len()).rev().find(|&r| at_risk(r)) else {
             return;

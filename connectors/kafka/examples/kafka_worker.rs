@@ -191,7 +191,11 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     let mut config = RuntimeConfig {
         workers: NonZeroUsize::new(args.workers).ok_or("--workers must be at least 1")?,
-        queue: WfqConfig::with_capacity(args.capacity),
+        queue: WfqConfig::with_capacity(
+            NonZeroUsize::new(args.capacity)
+                .ok_or("--capacity must be at least 1")?
+                .get(),
+        ),
         ..RuntimeConfig::default()
     };
     if let Some(held) = args.max_held {

@@ -77,8 +77,8 @@ Options:
       --duration-s <S>     Overload phase, seconds, at most 3600 [default: 8]
       --recovery-s <S>     Recovery phase at 0.5x, seconds, 0.5..=3600 [default: 4]
       --workers <N>        Worker tasks (the fixed concurrency limit), 1..=1024 [default: 8]
-      --service-ms <MS>    Handler service time, milliseconds, 0..=10000. 0: a true no-op
-                           handler (no timer) [default: 2]
+      --service-ms <MS>    Handler service time, milliseconds, 0.1..=10000, or 0: a true
+                           no-op handler (no timer) [default: 2]
       --capacity <N>       Queue capacity, messages, 1..=1000000 [default: 256]
       --metrics <ADDR>     Serve Prometheus `/metrics` and `/healthz` on this address (e.g.
                            127.0.0.1:9898); needs `--features prometheus`
@@ -190,6 +190,12 @@ impl Args {
         positive("duration-s", self.duration_s, MAX_SECONDS)?;
         range("recovery-s", self.recovery_s, 0.5, MAX_SECONDS)?;
         range("workers", self.workers, 1, MAX_WORKERS)?;
+        // Below 0.1 ms tokio's timer rounds a sleep up to about 1 ms, and the capacity probe
+        // would offer `workers / service` messages a second: 0 is the no-op handler instead.
+        if self.service_ms != 0.0 {
+            range("service-ms", self.service_ms, 0.1, MAX_SERVICE_MS)
+                .map_err(|e| format!("{e} (or 0, a no-op handler)"))?;
+        }
         range("service-ms", self.service_ms, 0.0, MAX_SERVICE_MS)?;
         range("capacity", self.capacity, 1, MAX_CAPACITY)?;
         range("keys", self.keys, 1, 10_000_000)?;
