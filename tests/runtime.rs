@@ -1147,6 +1147,37 @@ async fn a_held_message_that_cannot_finish_in_time_is_expired_not_served() {
     assert!(report.stats.balances(), "{report}");
 }
 
+/// Opens the gate, waits until everything settled, shuts down: the report, its ledger checked.
+async fn release(rt: Runtime<u32>, gate: &tokio::sync::Semaphore) -> triage::runtime::Report {
+    gate.add_permits(1_000);
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    report
+}
+
+/// The held buffer fills (8), the source pauses with the Critical messages still in the
+/// broker and nothing deferred; once the gate opens all 30 High are served.
+async fn assert_paused_then_served(
+    rt: Runtime<u32>,
+    broker: &MemoryBroker<u32>,
+    sink: &MemorySink<u32>,
+    gate: &tokio::sync::Semaphore,
+) -> triage::runtime::Report {
+    assert!(
+        eventually(|| rt.stats().held >= 8).await,
+        "{:?}",
+        rt.stats()
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Paused behind the held High: the Critical messages wait in the broker.
+    assert!(broker.backlog() >= 5, "backlog {}", broker.backlog());
+    assert_eq!(sink.len(), 0, "deferred although pausing was expected");
+    let report = release(rt, gate).await;
+    assert_eq!(report.stats.ledger.tier(Criticality::High).completed, 30);
+    report
+}
+
 /// One mixed source: Critical, 30 High, 5 Critical more (with `deadline` from now), behind a
 /// single worker held by a gate and a queue of 2. High is held under backpressure up to
 /// `max_held` (8). With `first_free`, message 0 is served at once (a measured handler run of
@@ -1218,10 +1249,7 @@ async fn a_full_held_buffer_defers_its_newest_lower_tier_to_reach_critical_behin
     );
     // Pulled while the only worker is still on message 0: the gate has not opened.
     assert_eq!(broker.acks().completed, 0);
-    gate.add_permits(1_000);
-    rt.wait_idle().await;
-    let report = rt.shutdown(Duration::from_secs(5)).await;
-    assert!(report.stats.balances(), "{report}");
+    let report = release(rt, &gate).await;
     for i in [0, 31, 32, 33, 34, 35] {
         assert_eq!(
             broker.disposition(i),
@@ -1263,20 +1291,7 @@ async fn a_full_held_buffer_defers_its_newest_lower_tier_to_reach_critical_behin
 async fn without_make_room_a_full_held_buffer_pauses_its_source() {
     let (rt, broker, sink, gate) =
         held_high_before_critical(false, Some(Duration::from_secs(60)), false).await;
-    assert!(
-        eventually(|| rt.stats().held >= 8).await,
-        "{:?}",
-        rt.stats()
-    );
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // Paused behind the held High: the Critical messages wait in the broker.
-    assert!(broker.backlog() >= 5, "backlog {}", broker.backlog());
-    assert_eq!(sink.len(), 0);
-    gate.add_permits(1_000);
-    rt.wait_idle().await;
-    let report = rt.shutdown(Duration::from_secs(5)).await;
-    assert!(report.stats.balances(), "{report}");
-    assert_eq!(report.stats.ledger.tier(Criticality::High).completed, 30);
+    assert_paused_then_served(rt, &broker, &sink, &gate).await;
 }
 
 /// Critical with an hour of slack is not at risk behind a held buffer that the workers clear
@@ -1286,23 +1301,7 @@ async fn without_make_room_a_full_held_buffer_pauses_its_source() {
 async fn a_full_held_buffer_pauses_when_the_work_behind_it_has_time_to_spare() {
     let (rt, broker, sink, gate) =
         held_high_before_critical(true, Some(Duration::from_secs(3600)), true).await;
-    assert!(
-        eventually(|| rt.stats().held >= 8).await,
-        "{:?}",
-        rt.stats()
-    );
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(broker.backlog() >= 5, "backlog {}", broker.backlog());
-    assert_eq!(
-        sink.len(),
-        0,
-        "deferred although Critical had time to spare"
-    );
-    gate.add_permits(1_000);
-    rt.wait_idle().await;
-    let report = rt.shutdown(Duration::from_secs(5)).await;
-    assert!(report.stats.balances(), "{report}");
-    assert_eq!(report.stats.ledger.tier(Criticality::High).completed, 30);
+    let report = assert_paused_then_served(rt, &broker, &sink, &gate).await;
     assert_eq!(report.stats.ledger.tier(Criticality::Critical).completed, 6);
 }
 
@@ -1317,10 +1316,7 @@ async fn a_full_held_buffer_makes_room_for_critical_without_a_deadline() {
         "the Critical messages behind the held High were never pulled"
     );
     assert!(!sink.is_empty());
-    gate.add_permits(1_000);
-    rt.wait_idle().await;
-    let report = rt.shutdown(Duration::from_secs(5)).await;
-    assert!(report.stats.balances(), "{report}");
+    let report = release(rt, &gate).await;
     assert_eq!(report.stats.ledger.tier(Criticality::Critical).completed, 6);
     let high = report.stats.ledger.tier(Criticality::High);
     assert_eq!(high.completed + high.deferred, 30, "{report}");

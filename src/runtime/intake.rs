@@ -299,14 +299,14 @@ impl<T: Send + Sync + 'static> Held<T> {
     /// A new message: held at once behind older ones of a refused tier, else offered.
     fn offer_new(&mut self, inner: &Arc<Inner<T>>, item: Item<T>) {
         let rank = item.tier().rank();
-        let now = inner.recent_ns().max(1);
+        // One recent-time read for both: when this rank was seen, and its slack.
+        let recent = inner.clock.recent();
+        let now = (recent.saturating_duration_since(inner.origin).as_nanos() as u64).max(1);
         if self.seen_ns[rank] != now {
             self.seen_ns[rank] = now;
         }
         if let Some(deadline) = item.deadline {
-            let slack = deadline
-                .saturating_duration_since(inner.clock.recent())
-                .as_nanos();
+            let slack = deadline.saturating_duration_since(recent).as_nanos();
             let slack = u64::try_from(slack).unwrap_or(u64::MAX - 1);
             let mean = &mut self.slack_ns[rank];
             *mean = if *mean == u64::MAX {

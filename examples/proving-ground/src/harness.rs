@@ -208,6 +208,7 @@ async fn run_broker(config: &RunConfig, broker: BrokerKind) -> BrokerResult {
             &arrivals,
             None,
             Some(&backlog),
+            false,
         )
         .await;
         if let Some(r) = p.restart.as_mut() {
@@ -228,7 +229,18 @@ async fn run_broker(config: &RunConfig, broker: BrokerKind) -> BrokerResult {
                 prefix: format!("{run}-fifo"),
                 ..arrivals.clone()
             };
-            let (f, _) = phase_fifo(&fifo_config, broker, &run, &arrivals, &backlog).await;
+            let (f, _) = phase_with(
+                &fifo_config,
+                broker,
+                &run,
+                "restart-fifo",
+                1.0,
+                &arrivals,
+                None,
+                Some(&backlog),
+                true,
+            )
+            .await;
             if let (Some(r), Some(mut fr)) = (p.restart.as_mut(), f.restart) {
                 fr.fifo_s /= capacity;
                 r.fifo_run = Some(Box::new(fr));
@@ -284,53 +296,13 @@ async fn phase(
     spec: &LoadSpec,
     faults: Option<FaultPlan>,
 ) -> (PhaseResult, Option<f64>) {
-    phase_with(config, broker, run, name, factor, spec, faults, None).await
+    phase_with(config, broker, run, name, factor, spec, faults, None, false).await
 }
 
-/// One phase, with `early` (a restart's backlog) produced before any worker starts.
+/// One phase, with `early` (a restart's backlog) produced before any worker starts, served by
+/// the runtime's workers or (`fifo`) plain consumers without triage.
 #[allow(clippy::too_many_arguments)]
 async fn phase_with(
-    config: &RunConfig,
-    broker: BrokerKind,
-    run: &str,
-    name: &str,
-    factor: f64,
-    spec: &LoadSpec,
-    faults: Option<FaultPlan>,
-    early: Option<&LoadSpec>,
-) -> (PhaseResult, Option<f64>) {
-    phase_as(
-        config, broker, run, name, factor, spec, faults, early, false,
-    )
-    .await
-}
-
-/// The restart phase once more, served by a plain FIFO consumer: the baseline.
-async fn phase_fifo(
-    config: &RunConfig,
-    broker: BrokerKind,
-    run: &str,
-    arrivals: &LoadSpec,
-    backlog: &LoadSpec,
-) -> (PhaseResult, Option<f64>) {
-    let name = "restart-fifo";
-    phase_as(
-        config,
-        broker,
-        run,
-        name,
-        1.0,
-        arrivals,
-        None,
-        Some(backlog),
-        true,
-    )
-    .await
-}
-
-/// [`phase_with`], with the runtime's workers or (`fifo`) plain FIFO consumers.
-#[allow(clippy::too_many_arguments)]
-async fn phase_as(
     config: &RunConfig,
     broker: BrokerKind,
     run: &str,

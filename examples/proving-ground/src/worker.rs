@@ -661,20 +661,13 @@ async fn run_fifo(
     }
     let consumer: StreamConsumer = client.create()?;
     consumer.subscribe(&[args.topic.as_str()])?;
-    let (tx, rx) = async_channel::bounded::<(Vec<u8>, Criticality)>(args.workers * 2);
+    let (tx, rx) = async_channel::bounded::<Vec<u8>>(args.workers * 2);
     let mut tasks = Vec::new();
     for _ in 0..args.workers.max(1) {
         let (rx, log) = (rx.clone(), Arc::clone(&log));
         tasks.push(tokio::spawn(async move {
-            while let Ok((body, tier)) = rx.recv().await {
-                tokio::time::sleep(service).await;
-                let (_, poison) = parse_payload(&body);
-                let d = if poison {
-                    Disposition::Failed
-                } else {
-                    Disposition::Completed
-                };
-                log.record(&body, tier, d);
+            while let Ok(body) = rx.recv().await {
+                fifo_handle(&body, service, &log).await;
             }
         }));
     }
@@ -694,12 +687,7 @@ async fn run_fifo(
                     }
                 };
                 let body = m.payload().unwrap_or(&[]).to_vec();
-                let tier = std::str::from_utf8(&body)
-                    .ok()
-                    .and_then(|t| t.split(',').nth(1))
-                    .and_then(|t| t.parse().ok())
-                    .unwrap_or(Criticality::Medium);
-                if tx.send((body, tier)).await.is_err() {
+                if tx.send(body).await.is_err() {
                     break;
                 }
             }
@@ -711,6 +699,24 @@ async fn run_fifo(
     }
     write_stats(&args.stats, recorder, cpu_ticks(None));
     Ok(())
+}
+
+/// One record through `--fifo`'s handler: the service time, then its line in the log,
+/// completed or (a poison payload) failed, at the tier its payload names.
+async fn fifo_handle(body: &[u8], service: Duration, log: &DispositionLog) {
+    tokio::time::sleep(service).await;
+    let (_, poison) = parse_payload(body);
+    let tier = std::str::from_utf8(body)
+        .ok()
+        .and_then(|t| t.split(',').nth(1))
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(Criticality::Medium);
+    let d = if poison {
+        Disposition::Failed
+    } else {
+        Disposition::Completed
+    };
+    log.record(body, tier, d);
 }
 
 /// `--fifo` on RabbitMQ: a plain lapin consumer on the queue (prefetch `2 x workers`, the
@@ -742,20 +748,7 @@ async fn run_fifo_amqp(
         let (rx, log) = (rx.clone(), Arc::clone(&log));
         tasks.push(tokio::spawn(async move {
             while let Ok(delivery) = rx.recv().await {
-                tokio::time::sleep(service).await;
-                let body = &delivery.data;
-                let (_, poison) = parse_payload(body);
-                let tier = std::str::from_utf8(body)
-                    .ok()
-                    .and_then(|t| t.split(',').nth(1))
-                    .and_then(|t| t.parse().ok())
-                    .unwrap_or(Criticality::Medium);
-                let d = if poison {
-                    Disposition::Failed
-                } else {
-                    Disposition::Completed
-                };
-                log.record(body, tier, d);
+                fifo_handle(&delivery.data, service, &log).await;
                 let _ = delivery.ack(BasicAckOptions::default()).await;
             }
         }));
