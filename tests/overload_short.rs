@@ -11,9 +11,20 @@ use triage::Criticality;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_x_overload_keeps_critical_goodput_and_the_ledger_balanced() {
+    // The example's runtime, but shed tiers re-admitted after 150 ms instead of 500 ms: a
+    // refused message is deferred only if a drain could bring it back before its deadline,
+    // and with 500 ms no deadline of this mix (250 ms for Medium) would leave room for one.
+    let mut base = triage::runtime::RuntimeConfig {
+        workers: 8.try_into().unwrap(),
+        poll_interval_ms: 1,
+        ..triage::runtime::RuntimeConfig::default()
+    };
+    base.queue.capacity = 256.try_into().unwrap();
+    base.admission.recover_ms = 150;
     let params = sim::Params {
         duration: Duration::from_secs(3),
         recovery: Duration::from_secs(2),
+        base: Some(base),
         ..sim::Params::default()
     };
     let out = sim::run(&params).await;
@@ -93,6 +104,14 @@ async fn three_x_overload_keeps_critical_goodput_and_the_ledger_balanced() {
         out.stats
     );
     assert_eq!(out.deferred_left, 0);
+    // Sheddable's 100 ms window is shorter than the 150 ms a shed level takes to come down, so
+    // no Sheddable message is worth a copy: each refused one is shed at once.
+    assert_eq!(
+        out.stats.ledger.tier(Criticality::Sheddable).deferred,
+        0,
+        "a copy that could only expire:\n{}",
+        out.stats
+    );
     assert_eq!(
         out.drained.published,
         out.stats.ledger.total().deferred,

@@ -321,3 +321,67 @@ async fn a_source_is_told_which_tiers_are_shed() {
     );
     assert!(resumed.is_ok(), "never resumed: {calls:?}");
 }
+
+/// Under sustained overload a refused message is deferred only if a drain could bring it back
+/// in time: while anything is shed no drain is pulled, and the shed level comes down only after
+/// `admission.recover_ms` (here 5 s). Sheddable with a 3 s window is shed at once (counted by
+/// `triage_too_late_to_defer_total`), never published to the defer store; Medium with a 60 s
+/// window is deferred as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_would_expire_before_any_drain_is_shed_not_deferred() {
+    let broker = MemoryBroker::new();
+    let sink = Arc::new(MemorySink::new());
+    let mut config = RuntimeConfig {
+        workers: 2.try_into().unwrap(),
+        ..RuntimeConfig::default()
+    };
+    config.admission.recover_ms = 5_000;
+    let seen = Arc::new(Concurrency::default());
+    let clock = triage::quanta::Clock::new();
+    let mut rt = Runtime::builder(config)
+        .clock(clock.clone())
+        .defer_sink(Arc::clone(&sink))
+        .start(seen.handler(Duration::from_millis(10)))
+        .unwrap();
+    rt.attach(broker.source());
+    // Capacity about 200/s; offered about 1,000/s for two seconds, mix 10/20/30/40.
+    let ladder = [
+        Criticality::Critical,
+        Criticality::High,
+        Criticality::High,
+        Criticality::Medium,
+        Criticality::Medium,
+        Criticality::Medium,
+        Criticality::Sheddable,
+        Criticality::Sheddable,
+        Criticality::Sheddable,
+        Criticality::Sheddable,
+    ];
+    for i in 0..2_000u32 {
+        let tier = ladder[(i % 10) as usize];
+        let window = match tier {
+            Criticality::Sheddable => Duration::from_secs(3),
+            _ => Duration::from_secs(60),
+        };
+        broker.publish(i, tier, Some(clock.now() + window));
+        if i % 10 == 9 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    broker.close();
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    let copies = sink.items();
+    let of = |tier| {
+        copies
+            .iter()
+            .filter(|(_, info)| info.criticality == tier)
+            .count()
+    };
+    assert_eq!(of(Criticality::Sheddable), 0, "{report}");
+    assert!(of(Criticality::Medium) > 0, "nothing deferred: {report}");
+    let sheddable = *report.stats.ledger.tier(Criticality::Sheddable);
+    assert_eq!(sheddable.deferred, 0, "{report}");
+    assert!(sheddable.shed > 0, "{report}");
+}

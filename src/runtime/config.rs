@@ -27,7 +27,10 @@ pub enum RefusalPolicy {
     /// such a tier out of the defer topic).
     Backpressure,
     /// Re-publish it to the durable defer sink and acknowledge it once the broker confirmed
-    /// the copy. Needs a defer sink: without one the runtime refuses to start (a `defer`
+    /// the copy. A message refused while pull admission sheds whose deadline is closer than
+    /// `admission.recover_ms` is shed instead: no drain is pulled while anything is shed, so
+    /// its copy would expire before it could come back (`triage_too_late_to_defer_total`).
+    /// Needs a defer sink: without one the runtime refuses to start (a `defer`
     /// written out is a promise that refused messages are kept, and a silent drop would break
     /// it). While the defer sink fails in transport, behaves as `Backpressure` (for
     /// `defer_cooldown_ms`). A message the sink refuses for good (`SinkError::Rejected`: too

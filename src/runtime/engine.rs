@@ -630,6 +630,13 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 item.mark_waiting();
                 Offer::Hold(item)
             }
+            RefusalPolicy::Defer if self.expires_before_drain(&item) => {
+                let metrics = &self.accounts.metrics.tiers[item.original];
+                metrics.shed[reason].increment(1);
+                metrics.too_late_to_defer.increment(1);
+                self.settle(item, Disposition::Shed);
+                Offer::Taken
+            }
             RefusalPolicy::Defer => match Arc::clone(&self.deferring).try_acquire_owned() {
                 Ok(permit) => {
                     let this = Arc::clone(self);
@@ -647,6 +654,23 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 }
             },
         }
+    }
+
+    /// Whether a deferred copy of `item` would surely expire before a drain could bring it
+    /// back. While pull admission sheds (its level above 0) no drain is pulled, and the level
+    /// comes down only once arrival has fitted for `admission.recover_ms`; a deadline closer
+    /// than that passes first, so the copy would cost a publish and a fetch to end `Expired`.
+    /// Such a message is shed at once instead (`triage_too_late_to_defer_total`). Forced
+    /// shedding is not counted: the operator may lift it at any moment.
+    fn expires_before_drain(&self, item: &Item<T>) -> bool {
+        let Some(deadline) = item.deadline else {
+            return false;
+        };
+        if self.shed_level.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let recover = Duration::from_millis(self.config().admission.recover_ms);
+        deadline.saturating_duration_since(self.clock.recent()) < recover
     }
 
     /// Deferrals a full held buffer may start now to make room (see

@@ -19,6 +19,7 @@
 //! | `triage_admission_decisions_total` | counter | tier, decision | each consumed message's first admission decision: `admitted`, `shed-capacity`, `shed-rate`, `shed-circuit`, `shed-expired`, `shed-memory`; they add up to the messages consumed |
 //! | `triage_shed_total` | counter | tier, reason | messages ending `Shed` (acknowledged, dropped by policy) |
 //! | `triage_deferred_total` | counter | tier | messages ending `Deferred` (broker confirmed) |
+//! | `triage_too_late_to_defer_total` | counter | tier | of the shed, refused messages of a Defer tier shed rather than deferred: their deadline is closer than `admission.recover_ms`, the soonest a drain can bring a copy back while anything is shed |
 //! | `triage_defer_failures_total` | counter | | defer publishes that failed in transport (message fell back to backpressure, sink marked unhealthy) |
 //! | `triage_defer_rejected_total` | counter | | deferrals the sink refused for good (message sent to the dead-letter path) |
 //! | `triage_dead_letter_retries_total` | counter | | dead-letter publishes that failed in transport and were retried |
@@ -181,6 +182,10 @@ pub(crate) const DEAD_LETTERS_HELD: Def = gauge_def(
     "triage_dead_letters_held",
     Some(Unit::Count),
     "Messages held unacknowledged because their dead letter was refused for good.",
+);
+pub(crate) const TOO_LATE_TO_DEFER: Def = counter_def(
+    "triage_too_late_to_defer_total",
+    "Of the shed messages, those of a Defer tier shed rather than deferred: deadline closer than admission.recover_ms, the soonest a drain can bring a copy back while anything is shed, by tier.",
 );
 pub(crate) const EXPIRED: Def = counter_def(
     "triage_expired_total",
@@ -365,6 +370,7 @@ pub(crate) const ALL: &[&Def] = &[
     &DEAD_LETTER_REFERENCES,
     &DEAD_LETTER_REJECTED,
     &DEAD_LETTERS_HELD,
+    &TOO_LATE_TO_DEFER,
     &EXPIRED,
     &EXPIRED_AT_INTAKE,
     &COMPLETED,
@@ -490,6 +496,7 @@ pub(crate) struct TierMetrics {
     pub(crate) decisions: [Counter; 6],
     pub(crate) bucket_fill: Gauge,
     pub(crate) deferred: Counter,
+    pub(crate) too_late_to_defer: Counter,
     pub(crate) expired: Counter,
     pub(crate) expired_at_intake: Counter,
     pub(crate) completed: Counter,
@@ -551,6 +558,7 @@ impl Metrics {
                     .map(|d| counter!(DECISIONS.name, "tier" => t, "decision" => d.as_str())),
                 bucket_fill: gauge!(BUCKET_FILL.name, "tier" => t),
                 deferred: counter!(DEFERRED.name, "tier" => t),
+                too_late_to_defer: counter!(TOO_LATE_TO_DEFER.name, "tier" => t),
                 expired: counter!(EXPIRED.name, "tier" => t),
                 expired_at_intake: counter!(EXPIRED_AT_INTAKE.name, "tier" => t),
                 completed: counter!(COMPLETED.name, "tier" => t),
