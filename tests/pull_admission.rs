@@ -16,6 +16,20 @@ use triage::runtime::{
 };
 use triage::{Criticality, PerTier};
 
+/// Tier of the i-th of every ten messages: the mix 10/20/30/40 %.
+const MIX: [Criticality; 10] = [
+    Criticality::Critical,
+    Criticality::High,
+    Criticality::High,
+    Criticality::Medium,
+    Criticality::Medium,
+    Criticality::Medium,
+    Criticality::Sheddable,
+    Criticality::Sheddable,
+    Criticality::Sheddable,
+    Criticality::Sheddable,
+];
+
 /// Counts handlers running at once and, for each start, how many were running with it.
 #[derive(Default)]
 struct Concurrency {
@@ -281,20 +295,8 @@ async fn a_source_is_told_which_tiers_are_shed() {
         paused: Arc::clone(&paused),
     });
     // Capacity about 200/s; offered about 1,000/s for two seconds, mix 10/20/30/40.
-    let ladder = [
-        Criticality::Critical,
-        Criticality::High,
-        Criticality::High,
-        Criticality::Medium,
-        Criticality::Medium,
-        Criticality::Medium,
-        Criticality::Sheddable,
-        Criticality::Sheddable,
-        Criticality::Sheddable,
-        Criticality::Sheddable,
-    ];
     for i in 0..2_000u32 {
-        broker.publish(i, ladder[(i % 10) as usize], None);
+        broker.publish(i, MIX[(i % 10) as usize], None);
         if i % 10 == 9 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -345,20 +347,8 @@ async fn a_message_that_would_expire_before_any_drain_is_shed_not_deferred() {
         .unwrap();
     rt.attach(broker.source());
     // Capacity about 200/s; offered about 1,000/s for two seconds, mix 10/20/30/40.
-    let ladder = [
-        Criticality::Critical,
-        Criticality::High,
-        Criticality::High,
-        Criticality::Medium,
-        Criticality::Medium,
-        Criticality::Medium,
-        Criticality::Sheddable,
-        Criticality::Sheddable,
-        Criticality::Sheddable,
-        Criticality::Sheddable,
-    ];
     for i in 0..2_000u32 {
-        let tier = ladder[(i % 10) as usize];
+        let tier = MIX[(i % 10) as usize];
         let window = match tier {
             Criticality::Sheddable => Duration::from_secs(3),
             _ => Duration::from_secs(60),
