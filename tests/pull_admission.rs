@@ -375,3 +375,62 @@ async fn a_message_that_would_expire_before_any_drain_is_shed_not_deferred() {
     assert_eq!(sheddable.deferred, 0, "{report}");
     assert!(sheddable.shed > 0, "{report}");
 }
+
+/// An overload that has lasted `T` is taken to last about `T` more: a refused message is
+/// deferred only while its deadline is further than `admission.recover_ms` plus the time
+/// shedding has lasted. Here recover_ms is 200 ms and Medium has a 2 s window: early in a 4 s
+/// overload its refused messages are deferred, later ones (whose copies the overload would
+/// outlast) are shed at once. Sheddable without a deadline is always deferred. With only
+/// `recover_ms` counted, no Medium message would be shed (2 s of slack is far above 200 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sustained_overload_stops_deferring_what_it_would_outlast() {
+    let broker = MemoryBroker::new();
+    let sink = Arc::new(MemorySink::new());
+    let mut config = RuntimeConfig {
+        workers: 2.try_into().unwrap(),
+        ..RuntimeConfig::default()
+    };
+    config.admission.recover_ms = 200;
+    let seen = Arc::new(Concurrency::default());
+    let clock = triage::quanta::Clock::new();
+    let mut rt = Runtime::builder(config)
+        .clock(clock.clone())
+        .defer_sink(Arc::clone(&sink))
+        .start(seen.handler(Duration::from_millis(10)))
+        .unwrap();
+    rt.attach(broker.source());
+    // Capacity about 200/s; offered about 1,000/s for four seconds, 10% Critical (which fits:
+    // nothing is held, so the source is never paused and Medium is read with its 2 s of
+    // slack nearly whole) and the rest Medium and Sheddable.
+    for i in 0..4_000u32 {
+        let tier = match i % 10 {
+            0 => Criticality::Critical,
+            1..=4 => Criticality::Medium,
+            _ => Criticality::Sheddable,
+        };
+        let deadline = match tier {
+            Criticality::Sheddable => None,
+            _ => Some(clock.now() + Duration::from_secs(2)),
+        };
+        broker.publish(i, tier, deadline);
+        if i % 10 == 9 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    broker.close();
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    let medium = *report.stats.ledger.tier(Criticality::Medium);
+    assert!(medium.deferred > 0, "no Medium deferred early on: {report}");
+    assert!(
+        medium.shed > 0,
+        "Medium still deferred after the overload outlasted its window: {report}"
+    );
+    let sheddable = *report.stats.ledger.tier(Criticality::Sheddable);
+    assert!(sheddable.deferred > 0, "{report}");
+    assert_eq!(
+        sheddable.shed, 0,
+        "a message without deadline shed: {report}"
+    );
+}

@@ -112,6 +112,9 @@ pub(crate) struct Inner<T> {
     /// Pull-based admission's shed level: pulled messages of tiers with `rank() < level` are
     /// refused. Written by the sampler.
     pub(crate) shed_level: AtomicU8,
+    /// When pull admission's level last rose from 0 (ns since `origin`; `u64::MAX` while it
+    /// is 0): how long the current shedding episode has lasted. Written by the sampler.
+    pub(crate) shedding_since_ns: AtomicU64,
     /// Messages pulled from non-drain sources, per tier rank: the arrival mix.
     pub(crate) pulled: [AtomicU64; 4],
     /// Of those, the ones with a deadline, and the sum of their deadline slack at intake in µs (each at most `u32::MAX`),
@@ -656,21 +659,34 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
     }
 
-    /// Whether a deferred copy of `item` would surely expire before a drain could bring it
-    /// back. While pull admission sheds (its level above 0) no drain is pulled, and the level
-    /// comes down only once arrival has fitted for `admission.recover_ms`; a deadline closer
-    /// than that passes first, so the copy would cost a publish and a fetch to end `Expired`.
-    /// Such a message is shed at once instead (`triage_too_late_to_defer_total`). Forced
-    /// shedding is not counted: the operator may lift it at any moment.
-    fn expires_before_drain(&self, item: &Item<T>) -> bool {
+    /// Whether a deferred copy of `item` would expire before a drain could bring it back.
+    /// While pull admission sheds (its level above 0) no drain is pulled, and the level comes
+    /// down only once arrival has fitted for `admission.recover_ms`. How long the overload
+    /// will last nobody here knows; an episode that has lasted `T` is taken to last about `T`
+    /// more (the Lindy, or Copernican, estimate: without a forecast of arrival, the current
+    /// episode is as likely to be in its first half as in its second). So the soonest a copy
+    /// comes back is estimated as `recover_ms` plus the time shedding has lasted: a spike's
+    /// first refusals are deferred, a sustained overload's short-deadline work is not, where
+    /// its copy would cost a publish and a fetch to end `Expired`. Such a message is shed at
+    /// once instead (`triage_too_late_to_defer_total`). Forced shedding is not counted: the
+    /// operator may lift it at any moment.
+    pub(crate) fn expires_before_drain(&self, item: &Item<T>) -> bool {
         let Some(deadline) = item.deadline else {
             return false;
         };
         if self.shed_level.load(Ordering::Relaxed) == 0 {
             return false;
         }
-        let recover = Duration::from_millis(self.config().admission.recover_ms);
-        deadline.saturating_duration_since(self.clock.recent()) < recover
+        let recent = self.clock.recent();
+        let since = self.shedding_since_ns.load(Ordering::Relaxed);
+        let now_ns = recent.saturating_duration_since(self.origin).as_nanos() as u64;
+        let lasted = Duration::from_nanos(if since == u64::MAX {
+            0
+        } else {
+            now_ns.saturating_sub(since)
+        });
+        let eta = Duration::from_millis(self.config().admission.recover_ms).saturating_add(lasted);
+        deadline.saturating_duration_since(recent) < eta
     }
 
     /// Deferrals a full held buffer may start now to make room (see
@@ -1227,7 +1243,13 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 wait = ?pull.predicted_wait(),
                 "pull-based admission tick"
             );
-            self.shed_level.store(level, Ordering::Relaxed);
+            let was = self.shed_level.swap(level, Ordering::Relaxed);
+            if level == 0 {
+                self.shedding_since_ns.store(u64::MAX, Ordering::Relaxed);
+            } else if was == 0 {
+                self.shedding_since_ns
+                    .store(self.recent_ns(), Ordering::Relaxed);
+            }
             let m = &self.accounts.metrics;
             let depths = self.queue.depths();
             let ages = self.queue.ages();

@@ -299,6 +299,7 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             dead_letters_held: AtomicI64::new(0),
             dead_letter_logged_at: AtomicU64::new(u64::MAX),
             shed_level: Default::default(),
+            shedding_since_ns: AtomicU64::new(u64::MAX),
             pulled: Default::default(),
             pulled_with_deadline: Default::default(),
             slack_us: Default::default(),
