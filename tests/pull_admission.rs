@@ -1,7 +1,8 @@
 //! Issue 9, "a backlog is not an overload", on the in-memory broker: a backlog is served in
 //! order by every worker and never deferred; what is past its deadline is expired at intake
 //! without a handler call; a copy is deferred at most `max_deferrals` times; shares are
-//! work-conserving; a source is told which tiers are shed. Assertions on counts and order,
+//! work-conserving; a source is told which tiers are shed; nothing is deferred whose copy could
+//! not come back before its deadline. Assertions on counts and order,
 //! never on times. (The same backlog on the real brokers: the connectors' `runtime` tests.)
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -432,5 +433,72 @@ async fn a_sustained_overload_stops_deferring_what_it_would_outlast() {
     assert_eq!(
         sheddable.shed, 0,
         "a message without deadline shed: {report}"
+    );
+}
+
+/// A held message of a `Defer` tier is not deferred to make room when its copy could not come
+/// back in time: it is shed instead, and the room is made all the same. Sheddable here has a
+/// 150 ms window against a `recover_ms` of 200 ms, so none of its copies could be served;
+/// Critical (no deadline: always at risk) evicts Sheddable from the small queue, the victims
+/// and the High held under backpressure fill the held buffer, and `make_room` clears it.
+/// Before this rule, the evicted Sheddable were deferred (reason `make_room`) only to expire
+/// on their way back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_message_whose_copy_could_not_return_in_time_is_shed_to_make_room() {
+    let broker = MemoryBroker::new();
+    let sink = Arc::new(MemorySink::new());
+    let mut config = RuntimeConfig {
+        workers: 2.try_into().unwrap(),
+        max_held: 32.try_into().unwrap(),
+        ..RuntimeConfig::default()
+    };
+    config.queue.capacity = 16.try_into().unwrap();
+    config.admission.recover_ms = 200;
+    let seen = Arc::new(Concurrency::default());
+    let clock = triage::quanta::Clock::new();
+    let mut rt = Runtime::builder(config)
+        .clock(clock.clone())
+        .defer_sink(Arc::clone(&sink))
+        .start(seen.handler(Duration::from_millis(10)))
+        .unwrap();
+    rt.attach(broker.source());
+    // Capacity about 200/s; offered about 1,000/s for three seconds: 10% Critical without a
+    // deadline, 30% High (Backpressure), 60% Sheddable with 150 ms.
+    for i in 0..3_000u32 {
+        let (tier, deadline) = match i % 10 {
+            0 => (Criticality::Critical, None),
+            1..=3 => (Criticality::High, None),
+            _ => (
+                Criticality::Sheddable,
+                Some(clock.now() + Duration::from_millis(150)),
+            ),
+        };
+        broker.publish(i, tier, deadline);
+        if i % 10 == 9 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    broker.close();
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    let copies = sink.items();
+    let of = |tier| {
+        copies
+            .iter()
+            .filter(|(_, info)| info.criticality == tier)
+            .count()
+    };
+    assert!(
+        copies.iter().any(|(_, info)| info.reason == "make_room"),
+        "no room was made: {report}"
+    );
+    assert_eq!(of(Criticality::Sheddable), 0, "{report}");
+    let sheddable = *report.stats.ledger.tier(Criticality::Sheddable);
+    assert_eq!(sheddable.deferred, 0, "{report}");
+    assert!(sheddable.shed > 0, "{report}");
+    assert_eq!(
+        report.stats.ledger.tier(Criticality::Critical).completed,
+        300
     );
 }

@@ -707,8 +707,23 @@ impl<T: Send + Sync + 'static> Inner<T> {
 
     /// Defers a held message to make room for more important work behind it in its source
     /// (reason `make_room`): published and acknowledged once the broker confirmed the copy, as
-    /// any deferral. Given back when no deferral permit is free.
+    /// any deferral. Given back when no deferral permit is free. A message of a `Defer` tier
+    /// whose copy would expire before a drain could bring it back
+    /// ([`expires_before_drain`](Self::expires_before_drain)) is shed instead, as its tier's
+    /// refusals are: the room is made all the same, without a publish and a fetch for a copy
+    /// that could only end `Expired`. A `Backpressure` tier's message is always deferred: its
+    /// policy promises it is not lost to overload.
     pub(crate) fn defer_to_make_room(self: &Arc<Self>, mut item: Item<T>) -> Result<(), Item<T>> {
+        if self.config().policy[item.tier()] == RefusalPolicy::Defer
+            && self.expires_before_drain(&item)
+        {
+            item.unmark_waiting();
+            let metrics = &self.accounts.metrics.tiers[item.original];
+            metrics.shed[usize::from(item.last_refusal)].increment(1);
+            metrics.too_late_to_defer.increment(1);
+            self.settle(item, Disposition::Shed);
+            return Ok(());
+        }
         match Arc::clone(&self.deferring).try_acquire_owned() {
             Ok(permit) => {
                 item.unmark_waiting();

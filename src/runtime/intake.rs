@@ -131,7 +131,9 @@ impl<T: Send + Sync + 'static> Held<T> {
     /// (a restart's backlog with long deadlines) pausing costs it nothing, and the held
     /// messages are served in time rather than deferred. Nothing is deferred without a healthy
     /// defer sink (the buffer pauses the source as before), nor past the free deferral
-    /// permits, nor a keyed message or one deferred `max_deferrals` times already.
+    /// permits, nor a keyed message or one deferred `max_deferrals` times already. A held
+    /// message of a `Defer` tier whose copy would expire before a drain could bring it back is
+    /// shed to make the room instead (`Inner::defer_to_make_room`).
     fn make_room(&mut self, inner: &Arc<Inner<T>>, max_held: usize) {
         let permits = inner.room_deferrals();
         if permits == 0 || self.len() < max_held {
