@@ -502,3 +502,63 @@ async fn a_held_message_whose_copy_could_not_return_in_time_is_shed_to_make_room
         300
     );
 }
+
+/// A backlog delays every drain: the drains are pulled only into room, and the workers have
+/// none until the lag is served. 3,000 Critical messages (no deadline) wait in one source, which two
+/// workers at 10 ms take about 15 s to clear; meanwhile about 1,000 messages a second arrive
+/// in another for two seconds, half Medium useful for 2 s, half Sheddable without a deadline. Medium is
+/// refused from the start of the overload, when shedding has lasted only moments (which
+/// alone would allow a copy, as in the test above): its 2 s are less than the backlog takes
+/// to clear, so each is shed at once. Sheddable, with no deadline, is still deferred.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_refused_behind_a_backlog_it_cannot_outlast_is_shed_not_deferred() {
+    // Two sources, the backlog's and the arrivals' (in one FIFO source the arrivals would
+    // wait behind the backlog and expire before they are read).
+    let backlog = MemoryBroker::new();
+    let broker = MemoryBroker::new();
+    let sink = Arc::new(MemorySink::new());
+    let config = RuntimeConfig {
+        workers: 2.try_into().unwrap(),
+        ..RuntimeConfig::default()
+    };
+    let seen = Arc::new(Concurrency::default());
+    let clock = triage::quanta::Clock::new();
+    for i in 0..3_000u32 {
+        backlog.publish(i, Criticality::Critical, None);
+    }
+    backlog.close();
+    let mut rt = Runtime::builder(config)
+        .clock(clock.clone())
+        .defer_sink(Arc::clone(&sink))
+        .start(seen.handler(Duration::from_millis(10)))
+        .unwrap();
+    rt.attach(backlog.source());
+    rt.attach(broker.source());
+    for i in 3_000..5_000u32 {
+        if i % 2 == 0 {
+            broker.publish(
+                i,
+                Criticality::Medium,
+                Some(clock.now() + Duration::from_secs(2)),
+            );
+        } else {
+            broker.publish(i, Criticality::Sheddable, None);
+        }
+        if i % 10 == 9 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    broker.close();
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    let medium = *report.stats.ledger.tier(Criticality::Medium);
+    assert!(medium.shed > 0, "Medium not refused: {report}");
+    assert_eq!(medium.deferred, 0, "{report}");
+    let sheddable = *report.stats.ledger.tier(Criticality::Sheddable);
+    assert!(sheddable.deferred > 0, "{report}");
+    assert_eq!(
+        report.stats.ledger.tier(Criticality::Critical).completed,
+        3_000
+    );
+}

@@ -115,6 +115,10 @@ pub(crate) struct Inner<T> {
     /// When pull admission's level last rose from 0 (ns since `origin`; `u64::MAX` while it
     /// is 0): how long the current shedding episode has lasted. Written by the sampler.
     pub(crate) shedding_since_ns: AtomicU64,
+    /// The time the work ahead (the sources' lag, and the messages queued and held) takes to
+    /// clear at the estimated capacity, in ns (0: none, or no estimate yet). Written by the sampler: while a backlog lasts the workers have no
+    /// room, and the drains are pulled only into room.
+    pub(crate) backlog_clear_ns: AtomicU64,
     /// Messages pulled from non-drain sources, per tier rank: the arrival mix.
     pub(crate) pulled: [AtomicU64; 4],
     /// Of those, the ones with a deadline, and the sum of their deadline slack at intake in µs (each at most `u32::MAX`),
@@ -660,32 +664,47 @@ impl<T: Send + Sync + 'static> Inner<T> {
     }
 
     /// Whether a deferred copy of `item` would expire before a drain could bring it back.
-    /// While pull admission sheds (its level above 0) no drain is pulled, and the level comes
-    /// down only once arrival has fitted for `admission.recover_ms`. How long the overload
-    /// will last nobody here knows; an episode that has lasted `T` is taken to last about `T`
-    /// more (the Lindy, or Copernican, estimate: without a forecast of arrival, the current
-    /// episode is as likely to be in its first half as in its second). So the soonest a copy
-    /// comes back is estimated as `recover_ms` plus the time shedding has lasted: a spike's
-    /// first refusals are deferred, a sustained overload's short-deadline work is not, where
-    /// its copy would cost a publish and a fetch to end `Expired`. Such a message is shed at
-    /// once instead (`triage_too_late_to_defer_total`). Forced shedding is not counted: the
-    /// operator may lift it at any moment.
+    /// The drains are pulled only while nothing is shed and workers have room, so a copy
+    /// waits for both:
+    /// - while pull admission sheds (its level above 0), the level comes down only once
+    ///   arrival has fitted for `admission.recover_ms`. How long the overload will last nobody
+    ///   here knows; an episode that has lasted `T` is taken to last about `T` more (the
+    ///   Lindy, or Copernican, estimate: without a forecast of arrival, the current episode
+    ///   is as likely to be in its first half as in its second): `recover_ms` plus the time
+    ///   shedding has lasted;
+    /// - while there is a backlog, the workers have no room until it is served: the sources'
+    ///   lag plus the messages queued and held, over the estimated capacity (a lower bound:
+    ///   arrivals go on meanwhile). A restart's
+    ///   backlog of minutes is why a held message of a few seconds' slack is not worth a copy
+    ///   even with nothing shed.
+    ///
+    /// So a spike's first refusals are deferred, a sustained overload's or a long backlog's
+    /// short-deadline work is not, where its copy would cost a publish and a fetch to end
+    /// `Expired`. Such a message is shed at once instead (`triage_too_late_to_defer_total`).
+    /// Forced shedding is not counted: the operator may lift it at any moment.
     pub(crate) fn expires_before_drain(&self, item: &Item<T>) -> bool {
         let Some(deadline) = item.deadline else {
             return false;
         };
-        if self.shed_level.load(Ordering::Relaxed) == 0 {
+        let backlog = Duration::from_nanos(self.backlog_clear_ns.load(Ordering::Relaxed));
+        let shedding = self.shed_level.load(Ordering::Relaxed) > 0;
+        if !shedding && backlog.is_zero() {
             return false;
         }
         let recent = self.clock.recent();
-        let since = self.shedding_since_ns.load(Ordering::Relaxed);
-        let now_ns = recent.saturating_duration_since(self.origin).as_nanos() as u64;
-        let lasted = Duration::from_nanos(if since == u64::MAX {
-            0
-        } else {
-            now_ns.saturating_sub(since)
-        });
-        let eta = Duration::from_millis(self.config().admission.recover_ms).saturating_add(lasted);
+        let mut eta = backlog;
+        if shedding {
+            let since = self.shedding_since_ns.load(Ordering::Relaxed);
+            let now_ns = recent.saturating_duration_since(self.origin).as_nanos() as u64;
+            let lasted = Duration::from_nanos(if since == u64::MAX {
+                0
+            } else {
+                now_ns.saturating_sub(since)
+            });
+            eta = eta.max(
+                Duration::from_millis(self.config().admission.recover_ms).saturating_add(lasted),
+            );
+        }
         deadline.saturating_duration_since(recent) < eta
     }
 
@@ -1249,6 +1268,15 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 }),
             };
             let level = pull.observe(&sample);
+            // The work ahead of a drain: the sources' lag and what is pulled and waiting.
+            let ahead = sample.lag.unwrap_or(0).saturating_add(sample.waiting);
+            let clear_ns = match pull.capacity() {
+                Some(capacity) if ahead > 0 && capacity > 0.0 => {
+                    (ahead as f64 / capacity * 1e9).min(u64::MAX as f64) as u64
+                }
+                _ => 0,
+            };
+            self.backlog_clear_ns.store(clear_ns, Ordering::Relaxed);
             self.sample_toolbox();
             tracing::trace!(
                 level,

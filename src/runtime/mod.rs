@@ -300,6 +300,7 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             dead_letter_logged_at: AtomicU64::new(u64::MAX),
             shed_level: Default::default(),
             shedding_since_ns: AtomicU64::new(u64::MAX),
+            backlog_clear_ns: AtomicU64::new(0),
             pulled: Default::default(),
             pulled_with_deadline: Default::default(),
             slack_us: Default::default(),

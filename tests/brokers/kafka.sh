@@ -22,6 +22,8 @@ set -euo pipefail
 
 DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="$DIR/.cache"
+# shellcheck source=tests/brokers/maven.sh
+source "$DIR/maven.sh"
 LIBS="$CACHE/kafka-libs"
 STATE="${TRIAGE_BROKER_STATE:-${TMPDIR:-/tmp}/triage-brokers}/kafka"
 DATA="$STATE/kafka-data"
@@ -78,43 +80,15 @@ fetch_jars() {
   fi
   command -v mvn >/dev/null || die "mvn not found (need Maven to fetch the Kafka jars)"
   command -v java >/dev/null || die "java not found"
-  local v work
+  local v
   for v in "${VERSIONS[@]}"; do
     say "fetching Kafka $v jars from Maven Central (mvn copy-dependencies)..."
-    work="$CACHE/kafka-fetch"
-    rm -rf "$work" "$LIBS.tmp"
-    mkdir -p "$work"
-    cat >"$work/pom.xml" <<EOF
-<?xml version="1.0" encoding="UTF-8"?>
-<project xmlns="http://maven.apache.org/POM/4.0.0"
-         xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
-         xsi:schemaLocation="http://maven.apache.org/POM/4.0.0 http://maven.apache.org/xsd/maven-4.0.0.xsd">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>local.tests</groupId>
-  <artifactId>kafka-broker-libs</artifactId>
-  <version>1</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>$v</version></dependency>
-    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId><version>$v</version></dependency>
-    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-api</artifactId><version>$SLF4J_VERSION</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-api</artifactId><version>$LOG4J_VERSION</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>$LOG4J_VERSION</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId><version>$LOG4J_VERSION</version></dependency>
-  </dependencies>
-  <build>
-    <plugins>
-      <plugin>
-        <groupId>org.apache.maven.plugins</groupId>
-        <artifactId>maven-dependency-plugin</artifactId>
-        <version>3.8.1</version>
-      </plugin>
-    </plugins>
-  </build>
-</project>
-EOF
-    if mvn -B -q -f "$work/pom.xml" dependency:copy-dependencies \
-         -DincludeScope=runtime -DoutputDirectory="$LIBS.tmp" >"$work/mvn.log" 2>&1 \
+    if maven_fetch "$CACHE/kafka-fetch" "$LIBS" kafka-broker-libs \
+         "org.apache.kafka:kafka_2.13:$v" "org.apache.kafka:kafka-tools:$v" \
+         "org.slf4j:slf4j-api:$SLF4J_VERSION" \
+         "org.apache.logging.log4j:log4j-api:$LOG4J_VERSION" \
+         "org.apache.logging.log4j:log4j-core:$LOG4J_VERSION" \
+         "org.apache.logging.log4j:log4j-slf4j2-impl:$LOG4J_VERSION" \
        && compgen -G "$LIBS.tmp/kafka_2.13-$v.jar" >/dev/null; then
       rm -rf "$LIBS"
       mv "$LIBS.tmp" "$LIBS"
@@ -122,8 +96,8 @@ EOF
       say "Kafka $v: $(find "$LIBS" -name '*.jar' | wc -l) jars in $LIBS"
       return 0
     fi
-    say "Kafka $v did not resolve; last mvn output:"
-    tail -n 15 "$work/mvn.log" >&2 || true
+    rm -rf "$LIBS.tmp"
+    say "Kafka $v did not resolve"
   done
   die "could not fetch any Kafka version of: ${VERSIONS[*]}"
 }

@@ -17,6 +17,8 @@ set -euo pipefail
 
 DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="$DIR/.cache"
+# shellcheck source=tests/brokers/maven.sh
+source "$DIR/maven.sh"
 LIBS="$CACHE/perftest-libs"
 VERSION="${PERFTEST_VERSION:-2.22.1}"
 URI="amqp://guest:guest@127.0.0.1:5672"
@@ -30,38 +32,10 @@ fetch() {
   fi
   command -v mvn >/dev/null || die "mvn not found (need Maven to fetch PerfTest)"
   command -v java >/dev/null || die "java not found"
-  local work="$CACHE/perftest-fetch"
-  rm -rf "$work" "$LIBS.tmp"
-  mkdir -p "$work"
   say "fetching PerfTest $VERSION from Maven Central (mvn copy-dependencies)..."
-  cat >"$work/pom.xml" <<EOF
-<?xml version="1.0" encoding="UTF-8"?>
-<project xmlns="http://maven.apache.org/POM/4.0.0"
-         xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
-         xsi:schemaLocation="http://maven.apache.org/POM/4.0.0 http://maven.apache.org/xsd/maven-4.0.0.xsd">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>local.tests</groupId>
-  <artifactId>perftest-libs</artifactId>
-  <version>1</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency><groupId>com.rabbitmq</groupId><artifactId>perf-test</artifactId><version>$VERSION</version></dependency>
-  </dependencies>
-  <build>
-    <plugins>
-      <plugin>
-        <groupId>org.apache.maven.plugins</groupId>
-        <artifactId>maven-dependency-plugin</artifactId>
-        <version>3.8.1</version>
-      </plugin>
-    </plugins>
-  </build>
-</project>
-EOF
-  if ! mvn -B -q -f "$work/pom.xml" dependency:copy-dependencies \
-      -DincludeScope=runtime -DoutputDirectory="$LIBS.tmp" >"$work/mvn.log" 2>&1 \
+  if ! maven_fetch "$CACHE/perftest-fetch" "$LIBS" perftest-libs "com.rabbitmq:perf-test:$VERSION" \
     || ! compgen -G "$LIBS.tmp/perf-test-$VERSION.jar" >/dev/null; then
-    tail -n 15 "$work/mvn.log" >&2 || true
+    rm -rf "$LIBS.tmp"
     die "could not fetch PerfTest $VERSION"
   fi
   rm -rf "$LIBS"

@@ -120,7 +120,14 @@ async fn completed_is_acked_exactly_once_and_replays_are_ignored() {
     let stats = source.stats();
     assert_eq!(stats.deliveries, 300);
     assert_eq!(stats.acked, 300);
-    assert_eq!(stats.ack_frames, 300);
+    // Settled in delivery order: the settle task coalesces runs of acks into `multiple`
+    // frames (never waiting for one), so fewer frames than deliveries, and none lost: the
+    // queue ends empty with nothing requeued.
+    assert!(
+        (1..300).contains(&stats.ack_frames),
+        "{} ack frames for 300 acks",
+        stats.ack_frames
+    );
     assert_eq!(stats.duplicate_settles, 20);
     assert_eq!(stats.rejected, 0);
     // A second ack of a tag would have closed the channel (PRECONDITION_FAILED).

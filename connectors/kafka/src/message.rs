@@ -1,5 +1,7 @@
 //! The owned message handed to handlers and sinks.
 
+use std::sync::Arc;
+
 /// One Kafka record, owned: it outlives the consumer's buffers, so the runtime can queue it.
 ///
 /// Headers keep their order and duplicates exactly as produced. Header names that are not
@@ -25,8 +27,9 @@
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KafkaMessage {
-    /// Topic it was consumed from.
-    pub topic: String,
+    /// Topic it was consumed from; shared by the records of a partition (one allocation per
+    /// partition, not per record).
+    pub topic: Arc<str>,
     /// Partition within the topic.
     pub partition: i32,
     /// Offset within the partition.

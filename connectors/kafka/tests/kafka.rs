@@ -672,7 +672,7 @@ async fn pause_tiers_holds_the_shed_topic_while_critical_flows() {
     assert!(
         served
             .iter()
-            .all(|e| e.payload.topic == critical && e.criticality == Criticality::Critical),
+            .all(|e| *e.payload.topic == *critical && e.criticality == Criticality::Critical),
         "only the Critical topic flows"
     );
     // All ten Sheddable records wait in the broker: none was consumed.
@@ -683,7 +683,7 @@ async fn pause_tiers_holds_the_shed_topic_while_critical_flows() {
     let shed = take(&mut source, 10).await;
     assert!(shed
         .iter()
-        .all(|e| e.payload.topic == sheddable && e.criticality == Criticality::Sheddable));
+        .all(|e| *e.payload.topic == *sheddable && e.criticality == Criticality::Sheddable));
     assert_eq!(
         shed.iter().map(|e| e.payload.offset).collect::<Vec<_>>(),
         (0..10).collect::<Vec<_>>()

@@ -12,8 +12,9 @@
 //!
 //! # Settling
 //!
-//! Each delivery is settled once, individually, after its disposition (see the `settle`
-//! module): `basic.ack` for `Completed`, `Deferred`, `Expired` and `Shed`;
+//! Each delivery is settled once, after its disposition, as soon as it is decided (see the
+//! `settle` module: runs of acks already decided in delivery order go out as one `multiple`
+//! ack, never waited for): `basic.ack` for `Completed`, `Deferred`, `Expired` and `Shed`;
 //! `basic.reject(requeue = false)` for `Failed` (to the queue's dead-letter exchange) unless
 //! [`dead_letter_via_sink`](AmqpSourceConfig::dead_letter_via_sink) says the runtime already
 //! published it to a dead-letter sink, then `basic.ack`; `basic.nack(requeue = true)` when

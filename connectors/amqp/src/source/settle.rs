@@ -1,16 +1,26 @@
 //! Settling deliveries: the synchronous [`AckSink`] the runtime calls, and the task that turns
 //! its decisions into `basic.ack` / `basic.reject` / `basic.nack` frames.
 //!
-//! # Why every delivery is settled on its own
+//! # Acks are coalesced, never waited for
 //!
-//! A `multiple` ack up to a contiguous watermark (the ledger's
-//! [`AckTracker`](triage::ledger::AckTracker)) sends fewer frames, but one slow message at
-//! the bottom of the window then holds every later ack back; the broker counts them all
-//! against the prefetch and stops delivering: head-of-line blocking of the whole consumer
-//! by one message. RabbitMQ also refuses a `multiple` ack whose own tag was already settled
-//! (`PRECONDITION_FAILED - unknown delivery tag`), so mixing individual and multiple acks is
-//! fragile. Individual settlement has neither problem and costs one small frame per message,
-//! exactly what a plain consumer pays; the frames are pipelined, not awaited one by one.
+//! Waiting for a contiguous watermark before a `multiple` ack (the ledger's
+//! [`AckTracker`](triage::ledger::AckTracker)) would let one slow message at the bottom of the
+//! window hold every later ack back; the broker counts them all against the prefetch and stops
+//! delivering: head-of-line blocking of the whole consumer by one message. So every settle is
+//! written as soon as it is decided, as a plain consumer's would be, and only *coalesced* when
+//! that is free: within one batch of decisions, an ack whose tag and every tag below it were
+//! already decided (settled, or queued to be, in this batch or before it) replaces the
+//! batch's earlier individual acks of tags below it with one `multiple` ack. Under load the
+//! runtime settles nearly in delivery order (shed and expired messages at once), so one frame
+//! settles up to a batch; each `basic.ack` costs the broker's channel and queue processes a
+//! message of their own, and on a persistent queue an index write. A tag counts as decided
+//! only once the source has tracked it *and* settled it; deliveries still in lapin's buffer
+//! (another consumer of the channel, in the per-tier layout) are below no coalesced ack,
+//! because every tag under the tracked contiguous prefix is required to have been seen.
+//! Rejects and requeues keep their own frames, written before any `multiple` ack that follows
+//! them in the batch. RabbitMQ refuses a `multiple` ack whose own tag was already settled
+//! (`PRECONDITION_FAILED - unknown delivery tag`): a coalesced ack's tag is always one of the
+//! batch's own acks, sent by nothing else.
 //!
 //! # Exactly once, on the right channel
 //!
@@ -21,7 +31,7 @@
 //! from an older epoch, is ignored and counted. The set of outstanding tags is bounded by the
 //! prefetch.
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures_util::future::join_all;
@@ -47,27 +57,69 @@ pub(crate) enum Settle {
 #[derive(Debug)]
 pub(crate) enum Command {
     /// The channel of a new epoch; settles of older epochs are dropped from now on.
-    Channel {
-        epoch: u64,
-        channel: Channel,
-    },
+    Channel { epoch: u64, channel: Channel },
     /// No channel for now (it was lost).
     Lost,
     Settle {
         epoch: u64,
         tag: u64,
         how: Settle,
+        /// Every tag of the epoch below this was tracked and settled when this was decided
+        /// (the settle task may coalesce an ack of a tag below it with the acks before it).
+        floor: u64,
     },
     /// Answers once every command sent before it has been written out.
     Flush(oneshot::Sender<()>),
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Outstanding {
     /// Current epoch; 0 before the first channel and while disconnected.
     epoch: u64,
     stream: u64,
-    tags: HashSet<u64>,
+    /// Tracked and not settled yet (bounded by the prefetch).
+    tags: BTreeSet<u64>,
+    /// Every tag below this was tracked (delivery tags start at 1 on each channel and count up
+    /// by one per delivery); tags tracked above a gap wait in `ahead`.
+    tracked_below: u64,
+    ahead: BTreeSet<u64>,
+}
+
+impl Outstanding {
+    fn new(epoch: u64, stream: u64) -> Self {
+        Outstanding {
+            epoch,
+            stream,
+            tags: BTreeSet::new(),
+            tracked_below: 1,
+            ahead: BTreeSet::new(),
+        }
+    }
+
+    fn track(&mut self, tag: u64) {
+        self.tags.insert(tag);
+        if tag == self.tracked_below {
+            self.tracked_below += 1;
+            while self.ahead.remove(&self.tracked_below) {
+                self.tracked_below += 1;
+            }
+        } else if tag > self.tracked_below {
+            self.ahead.insert(tag);
+        }
+    }
+
+    /// Settles `tag` once: the floor after it (see [`floor`](Self::floor)), or `None` if it
+    /// is not outstanding (settled already, or never tracked).
+    fn settle(&mut self, tag: u64) -> Option<u64> {
+        self.tags.remove(&tag).then(|| self.floor())
+    }
+
+    /// Every tag below this is tracked and settled.
+    fn floor(&self) -> u64 {
+        self.tags
+            .first()
+            .map_or(self.tracked_below, |&t| t.min(self.tracked_below))
+    }
 }
 
 /// The source's [`AckSink`]: decides synchronously, sends asynchronously.
@@ -85,7 +137,7 @@ impl Settler {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(rx, Arc::clone(&metrics)));
         Arc::new(Settler {
-            state: Mutex::new(Outstanding::default()),
+            state: Mutex::new(Outstanding::new(0, 0)),
             tx,
             metrics,
             dead_letter_via_sink,
@@ -103,19 +155,15 @@ impl Settler {
         let mut state = self.lock();
         // Sent under the lock, so no settle of `epoch` can be queued before its channel.
         let _ = self.tx.send(Command::Channel { epoch, channel });
-        *state = Outstanding {
-            epoch,
-            stream,
-            tags: HashSet::new(),
-        };
+        *state = Outstanding::new(epoch, stream);
     }
 
     /// The channel is gone: every outstanding token is now stale (the broker requeued them).
     pub(crate) fn lose(&self) {
         let mut state = self.lock();
         let _ = self.tx.send(Command::Lost);
-        state.epoch = 0;
-        state.tags = HashSet::new();
+        let stream = state.stream;
+        *state = Outstanding::new(0, stream);
     }
 
     /// Registers a delivery received on the channel of `epoch`; its token, or `None` when
@@ -125,7 +173,7 @@ impl Settler {
         if epoch != state.epoch || epoch == 0 {
             return None;
         }
-        state.tags.insert(tag);
+        state.track(tag);
         Some(AckRef {
             stream: state.stream,
             position: tag,
@@ -150,14 +198,16 @@ impl Settler {
             self.metrics.stale_settles.incr();
             return false;
         }
-        if !state.tags.remove(&token.position) {
+        let Some(floor) = state.settle(token.position) else {
             self.metrics.duplicate_settles.incr();
             return false;
-        }
+        };
+        // Sent under the lock: every settle of a tag below `floor` is queued before this one.
         let _ = self.tx.send(Command::Settle {
             epoch: token.epoch,
             tag: token.position,
             how,
+            floor,
         });
         true
     }
@@ -199,6 +249,8 @@ const BATCH: usize = 512;
 async fn run(mut rx: mpsc::UnboundedReceiver<Command>, metrics: Arc<SourceMetrics>) {
     let mut current: Option<(u64, Channel)> = None;
     let mut batch = Vec::with_capacity(BATCH);
+    let mut plan = Coalescer::default();
+    let mut outs = Vec::with_capacity(BATCH);
     while rx.recv_many(&mut batch, BATCH).await > 0 {
         let mut frames = Vec::with_capacity(batch.len());
         let mut flushed = Vec::new();
@@ -206,17 +258,22 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Command>, metrics: Arc<SourceMetric
             match command {
                 Command::Channel { epoch, channel } => {
                     // Frames of the old channel go out first: they may still succeed.
+                    flush_plan(&mut plan, &mut outs, &current, &mut frames);
                     send(&mut frames, &metrics).await;
                     current = Some((epoch, channel));
                 }
                 Command::Lost => {
+                    flush_plan(&mut plan, &mut outs, &current, &mut frames);
                     send(&mut frames, &metrics).await;
                     current = None;
                 }
-                Command::Settle { epoch, tag, how } => match &current {
-                    Some((e, channel)) if *e == epoch => {
-                        frames.push(settle_frame(channel.clone(), tag, how));
-                    }
+                Command::Settle {
+                    epoch,
+                    tag,
+                    how,
+                    floor,
+                } => match &current {
+                    Some((e, _)) if *e == epoch => plan.settle(tag, how, floor, &mut outs),
                     // Its channel closed between the decision and now: the broker has
                     // requeued it already.
                     _ => metrics.stale_settles.incr(),
@@ -224,6 +281,7 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Command>, metrics: Arc<SourceMetric
                 Command::Flush(done) => flushed.push(done),
             }
         }
+        flush_plan(&mut plan, &mut outs, &current, &mut frames);
         send(&mut frames, &metrics).await;
         for done in flushed {
             let _ = done.send(());
@@ -231,34 +289,108 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Command>, metrics: Arc<SourceMetric
     }
 }
 
-type Frame = futures_util::future::BoxFuture<'static, Result<Settle, lapin::Error>>;
+/// Ends the batch's plan and turns it into frames on `current`'s channel.
+fn flush_plan(
+    plan: &mut Coalescer,
+    outs: &mut Vec<Out>,
+    current: &Option<(u64, Channel)>,
+    frames: &mut Vec<Frame>,
+) {
+    plan.finish(outs);
+    if let Some((_, channel)) = current {
+        frames.extend(outs.drain(..).map(|out| settle_frame(channel.clone(), out)));
+    }
+    outs.clear();
+}
 
-fn settle_frame(channel: Channel, tag: u64, how: Settle) -> Frame {
-    Box::pin(async move {
+/// One frame to write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Out {
+    /// `basic.ack`; with `multiple`, every unsettled tag up to `tag` too.
+    Ack {
+        tag: u64,
+        multiple: bool,
+    },
+    Reject(u64),
+    Requeue(u64),
+}
+
+/// Plans one batch of one channel's settles, in decision order (see the module docs).
+#[derive(Debug, Default)]
+struct Coalescer {
+    /// The batch's acks not written yet.
+    acks: Vec<u64>,
+    /// The highest of them whose tag and every tag below it were settled when it was
+    /// decided: one `multiple` ack of it settles every pending ack up to it.
+    multiple: Option<u64>,
+}
+
+impl Coalescer {
+    /// A settle of `tag` decided when every tag below `floor` was settled. Rejects and
+    /// requeues are planned at once, acks at [`finish`](Self::finish).
+    fn settle(&mut self, tag: u64, how: Settle, floor: u64, outs: &mut Vec<Out>) {
         match how {
             Settle::Ack => {
-                channel
-                    .basic_ack(tag, BasicAckOptions { multiple: false })
-                    .await
+                self.acks.push(tag);
+                if tag < floor && self.multiple.is_none_or(|m| m < tag) {
+                    self.multiple = Some(tag);
+                }
             }
-            Settle::Reject => {
-                channel
-                    .basic_reject(tag, BasicRejectOptions { requeue: false })
-                    .await
-            }
-            Settle::Requeue => {
-                channel
-                    .basic_nack(
-                        tag,
-                        BasicNackOptions {
-                            multiple: false,
-                            requeue: true,
-                        },
-                    )
-                    .await
-            }
+            Settle::Reject => outs.push(Out::Reject(tag)),
+            Settle::Requeue => outs.push(Out::Requeue(tag)),
         }
-        .map(|()| how)
+    }
+
+    /// Plans the pending acks: one `multiple` ack for those up to the coalescing tag (when it
+    /// covers more than itself), the others one by one.
+    fn finish(&mut self, outs: &mut Vec<Out>) {
+        let covered = self
+            .multiple
+            .map_or(0, |m| self.acks.iter().filter(|&&t| t <= m).count());
+        match self.multiple.take() {
+            Some(m) if covered > 1 => {
+                outs.extend(self.acks.iter().filter(|&&t| t > m).map(|&tag| Out::Ack {
+                    tag,
+                    multiple: false,
+                }));
+                outs.push(Out::Ack {
+                    tag: m,
+                    multiple: true,
+                });
+            }
+            _ => outs.extend(self.acks.iter().map(|&tag| Out::Ack {
+                tag,
+                multiple: false,
+            })),
+        }
+        self.acks.clear();
+    }
+}
+
+type Frame = futures_util::future::BoxFuture<'static, Result<Settle, lapin::Error>>;
+
+fn settle_frame(channel: Channel, out: Out) -> Frame {
+    Box::pin(async move {
+        match out {
+            Out::Ack { tag, multiple } => channel
+                .basic_ack(tag, BasicAckOptions { multiple })
+                .await
+                .map(|()| Settle::Ack),
+            Out::Reject(tag) => channel
+                .basic_reject(tag, BasicRejectOptions { requeue: false })
+                .await
+                .map(|()| Settle::Reject),
+            Out::Requeue(tag) => channel
+                .basic_nack(
+                    tag,
+                    BasicNackOptions {
+                        multiple: false,
+                        requeue: true,
+                    },
+                )
+                .await
+                .map(|()| Settle::Requeue),
+        }
     })
 }
 
@@ -274,5 +406,157 @@ async fn send(frames: &mut Vec<Frame>, metrics: &SourceMetrics) {
             // The channel is closing; the broker requeues what was not settled.
             Err(_) => metrics.settle_errors.incr(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// The broker's side of one channel: unsettled tags, and how each was settled. Panics
+    /// where RabbitMQ would close the channel (`unknown delivery tag`).
+    #[derive(Default)]
+    struct Broker {
+        unacked: BTreeSet<u64>,
+        settled: BTreeMap<u64, Settle>,
+    }
+
+    impl Broker {
+        fn apply(&mut self, out: Out) {
+            let (tag, how) = match out {
+                Out::Ack { tag, .. } => (tag, Settle::Ack),
+                Out::Reject(tag) => (tag, Settle::Reject),
+                Out::Requeue(tag) => (tag, Settle::Requeue),
+            };
+            assert!(self.unacked.remove(&tag), "unknown delivery tag {tag}");
+            self.settled.insert(tag, how);
+            if let Out::Ack { multiple: true, .. } = out {
+                let below: Vec<u64> = self.unacked.range(..tag).copied().collect();
+                for t in below {
+                    self.unacked.remove(&t);
+                    self.settled.insert(t, Settle::Ack);
+                }
+            }
+        }
+    }
+
+    fn how(n: u8) -> Settle {
+        match n % 8 {
+            0 => Settle::Reject,
+            1 => Settle::Requeue,
+            _ => Settle::Ack,
+        }
+    }
+
+    proptest! {
+        /// Whatever the order deliveries are tracked in (several consumers share a channel's
+        /// tags), the order they are settled in and where batches are cut: every tag ends
+        /// settled the way it was decided, none settled that was not decided, no frame names a
+        /// tag the broker no longer holds.
+        #[test]
+        fn coalesced_frames_settle_each_tag_as_decided(
+            n in 1u64..60,
+            track_keys in proptest::collection::vec(any::<u16>(), 60),
+            steps in proptest::collection::vec((any::<u8>(), any::<u8>(), any::<bool>()), 0..200),
+        ) {
+            let mut broker = Broker { unacked: (1..=n).collect(), ..Broker::default() };
+            let mut order: Vec<u64> = (1..=n).collect();
+            order.sort_by_key(|&t| track_keys[(t - 1) as usize]);
+            let mut untracked = order.into_iter();
+            let mut state = Outstanding::new(1, 1);
+            let mut decided = BTreeMap::new();
+            let mut plan = Coalescer::default();
+            let mut outs = Vec::new();
+            for (pick, kind, cut) in steps {
+                // Track one more delivery, or settle one tracked at random.
+                if pick % 3 == 0 || state.tags.is_empty() {
+                    if let Some(t) = untracked.next() {
+                        state.track(t);
+                    }
+                } else {
+                    let tags: Vec<u64> = state.tags.iter().copied().collect();
+                    let tag = tags[usize::from(pick) % tags.len()];
+                    let floor = state.settle(tag).expect("tracked");
+                    decided.insert(tag, how(kind));
+                    plan.settle(tag, how(kind), floor, &mut outs);
+                }
+                if cut {
+                    plan.finish(&mut outs);
+                    for out in outs.drain(..) {
+                        broker.apply(out);
+                    }
+                }
+            }
+            plan.finish(&mut outs);
+            for out in outs.drain(..) {
+                broker.apply(out);
+            }
+            prop_assert_eq!(&broker.settled, &decided);
+        }
+    }
+
+    /// Acks decided in delivery order, in one batch, go out as one `multiple` frame; a reject
+    /// among them keeps its own frame, written first.
+    #[test]
+    fn in_order_acks_become_one_multiple_ack() {
+        let mut state = Outstanding::new(1, 1);
+        for t in 1..=5 {
+            state.track(t);
+        }
+        let mut plan = Coalescer::default();
+        let mut outs = Vec::new();
+        for (t, how) in [
+            (1, Settle::Ack),
+            (2, Settle::Ack),
+            (3, Settle::Reject),
+            (4, Settle::Ack),
+        ] {
+            let floor = state.settle(t).unwrap();
+            plan.settle(t, how, floor, &mut outs);
+        }
+        plan.finish(&mut outs);
+        assert_eq!(
+            outs,
+            [
+                Out::Reject(3),
+                Out::Ack {
+                    tag: 4,
+                    multiple: true
+                }
+            ]
+        );
+    }
+
+    /// Tag 2 not tracked yet (in another consumer's buffer): acks of 1 and 3 stay single, so
+    /// that no `multiple` ack of 3 settles 2.
+    #[test]
+    fn an_untracked_tag_below_is_never_covered() {
+        let mut state = Outstanding::new(1, 1);
+        state.track(1);
+        state.track(3);
+        let mut plan = Coalescer::default();
+        let mut outs = Vec::new();
+        for t in [1, 3] {
+            let floor = state.settle(t).unwrap();
+            plan.settle(t, Settle::Ack, floor, &mut outs);
+        }
+        plan.finish(&mut outs);
+        assert_eq!(
+            outs,
+            [
+                Out::Ack {
+                    tag: 1,
+                    multiple: false
+                },
+                Out::Ack {
+                    tag: 3,
+                    multiple: false
+                }
+            ]
+        );
     }
 }

@@ -41,7 +41,7 @@ pub(crate) fn triage_headers(
         add(wire::DEADLINE_MS, wire::format_deadline_ms(deadline));
     }
     add(wire::REASON, info.reason.to_owned());
-    add(wire::ORIGIN_TOPIC, msg.topic.clone());
+    add(wire::ORIGIN_TOPIC, msg.topic.to_string());
     add(wire::ORIGIN_PARTITION, msg.partition.to_string());
     add(wire::ORIGIN_OFFSET, msg.offset.to_string());
     if let Some(err) = &info.error {

@@ -66,18 +66,28 @@ pub(crate) struct Offsets {
 
 /// The partition the poll thread tracked last and its index (see [`Offsets::track_cached`]).
 #[derive(Debug, Default)]
-pub(crate) struct LastStream(Option<(String, i32, u64)>);
+pub(crate) struct LastStream(Option<(Arc<str>, i32, u64)>);
 
 impl LastStream {
+    /// The topic of the partition tracked last, shared: every record of it names its topic
+    /// with this one allocation.
+    pub(crate) fn topic(&self) -> Option<&Arc<str>> {
+        self.0.as_ref().map(|(t, _, _)| t)
+    }
+
     fn get(&self, topic: &str, partition: i32) -> Option<u64> {
         match &self.0 {
-            Some((t, p, idx)) if *p == partition && t == topic => Some(*idx),
+            Some((t, p, idx)) if *p == partition && &**t == topic => Some(*idx),
             _ => None,
         }
     }
 
     fn set(&mut self, topic: &str, partition: i32, idx: u64) {
-        self.0 = Some((topic.to_owned(), partition, idx));
+        let topic = match self.0.take() {
+            Some((t, _, _)) if &*t == topic => t,
+            _ => Arc::from(topic),
+        };
+        self.0 = Some((topic, partition, idx));
     }
 }
 

@@ -336,7 +336,11 @@ impl PollLoop {
         tally.consumed += 1;
         let ordering_key = self.ordering.key_of((topic, partition), key.as_deref());
         let message = KafkaMessage {
-            topic: topic.to_owned(),
+            topic: self
+                .last_stream
+                .topic()
+                .cloned()
+                .unwrap_or_else(|| Arc::from(topic)),
             partition,
             offset: msg.offset(),
             key,
