@@ -27,13 +27,14 @@ pub enum RefusalPolicy {
     /// such a tier out of the defer topic).
     Backpressure,
     /// Re-publish it to the durable defer sink and acknowledge it once the broker confirmed
-    /// the copy. A message refused while pull admission sheds whose deadline is closer than
-    /// `admission.recover_ms` plus the time shedding has lasted, or than the time the backlog
-    /// (the sources' lag and what is queued and held) takes to clear at the estimated
-    /// capacity, is shed instead: no drain is
-    /// pulled while anything is shed or while workers have no room, and an overload that has
-    /// lasted `T` is taken to last about `T` more (the Lindy estimate), so its copy would
-    /// expire before it could come back (`triage_too_late_to_defer_total`).
+    /// the copy. A refused message (for any reason but shutdown) is shed instead when its
+    /// deadline is closer than the soonest a drain can be expected to bring its copy back:
+    /// the longer of, while pull admission sheds, `admission.recover_ms` plus the time
+    /// shedding has lasted (an overload that has lasted `T` is taken to last about `T` more,
+    /// the Lindy estimate), and, while there is a backlog (even with nothing shed), the time
+    /// it (the sources' lag and what is queued and held) takes to clear at the estimated
+    /// capacity. No drain is pulled while anything is shed or while workers have no room, so
+    /// its copy would expire before it could come back (`triage_too_late_to_defer_total`).
     /// Needs a defer sink: without one the runtime refuses to start (a `defer`
     /// written out is a promise that refused messages are kept, and a silent drop would break
     /// it). While the defer sink fails in transport, behaves as `Backpressure` (for

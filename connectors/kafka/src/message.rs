@@ -27,8 +27,8 @@ use std::sync::Arc;
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KafkaMessage {
-    /// Topic it was consumed from; shared by the records of a partition (one allocation per
-    /// partition, not per record).
+    /// Topic it was consumed from; the source shares one allocation per partition with every
+    /// record of it (none per record, whatever the order the topics' records come in).
     pub topic: Arc<str>,
     /// Partition within the topic.
     pub partition: i32,

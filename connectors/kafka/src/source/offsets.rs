@@ -69,12 +69,6 @@ pub(crate) struct Offsets {
 pub(crate) struct LastStream(Option<(Arc<str>, i32, u64)>);
 
 impl LastStream {
-    /// The topic of the partition tracked last, shared: every record of it names its topic
-    /// with this one allocation.
-    pub(crate) fn topic(&self) -> Option<&Arc<str>> {
-        self.0.as_ref().map(|(t, _, _)| t)
-    }
-
     fn get(&self, topic: &str, partition: i32) -> Option<u64> {
         match &self.0 {
             Some((t, p, idx)) if *p == partition && &**t == topic => Some(*idx),
@@ -95,7 +89,8 @@ impl LastStream {
 struct State {
     tracker: AckTracker<u64>,
     index: HashMap<String, HashMap<i32, u64>>,
-    names: Vec<(String, i32)>,
+    /// Each index's partition; the topic shared by every record of it.
+    names: Vec<(Arc<str>, i32)>,
 }
 
 impl State {
@@ -104,7 +99,7 @@ impl State {
             return *idx;
         }
         let idx = self.names.len() as u64;
-        self.names.push((topic.to_owned(), partition));
+        self.names.push((Arc::from(topic), partition));
         self.index
             .entry(topic.to_owned())
             .or_default()
@@ -116,7 +111,7 @@ impl State {
         self.index.get(topic)?.get(&partition).copied()
     }
 
-    fn name(&self, idx: u64) -> Option<&(String, i32)> {
+    fn name(&self, idx: u64) -> Option<&(Arc<str>, i32)> {
         self.names.get(usize::try_from(idx).ok()?)
     }
 
@@ -148,6 +143,7 @@ impl Offsets {
     #[cfg(test)]
     pub(crate) fn track(&self, topic: &str, partition: i32, offset: i64) -> Option<(AckRef, u64)> {
         self.track_cached(&mut LastStream::default(), topic, partition, offset)
+            .map(|(token, gen, _)| (token, gen))
     }
 
     /// [`track`](Self::track) for the poll thread, which remembers in `last` the index of the
@@ -160,7 +156,7 @@ impl Offsets {
         topic: &str,
         partition: i32,
         offset: i64,
-    ) -> Option<(AckRef, u64)> {
+    ) -> Option<(AckRef, u64, Arc<str>)> {
         let offset = u64::try_from(offset).ok()?;
         let mut state = self.state.lock();
         let idx = match last.get(topic, partition) {
@@ -173,6 +169,7 @@ impl Offsets {
         };
         let token = state.tracker.track(&idx, offset).ok()?;
         let epoch = token.epoch().get();
+        let topic = Arc::clone(&state.name(idx)?.0);
         drop(state);
         let gen = self.revocations.load(Ordering::Acquire);
         Some((
@@ -182,6 +179,7 @@ impl Offsets {
                 epoch,
             },
             gen,
+            topic,
         ))
     }
 
@@ -624,14 +622,14 @@ mod tests {
         let offsets = Offsets::default();
         offsets.assign([("t", 0), ("t", 1)]);
         let mut last = LastStream::default();
-        let (old, _) = offsets.track_cached(&mut last, "t", 0, 5).unwrap();
+        let (old, _, _) = offsets.track_cached(&mut last, "t", 0, 5).unwrap();
         assert_eq!(last.get("t", 0), Some(old.stream));
         assert_eq!(last.get("t", 1), None);
         offsets.revoke([("t", 0)]);
         assert!(offsets.track_cached(&mut last, "t", 0, 6).is_none());
         offsets.assign([("t", 0)]);
         // Redelivered from the committed position, below the old epoch's last offset.
-        let (new, _) = offsets.track_cached(&mut last, "t", 0, 3).unwrap();
+        let (new, _, _) = offsets.track_cached(&mut last, "t", 0, 3).unwrap();
         assert_eq!(new.stream, old.stream);
         assert_ne!(new.epoch, old.epoch);
         offsets.resolve(old);
@@ -640,9 +638,26 @@ mod tests {
         offsets.resolve(new);
         assert_eq!(offsets.pending_total(), 0);
         // Another partition replaces the cached one.
-        let (other, _) = offsets.track_cached(&mut last, "t", 1, 0).unwrap();
+        let (other, _, topic) = offsets.track_cached(&mut last, "t", 1, 0).unwrap();
         assert_ne!(other.stream, old.stream);
         assert_eq!(last.get("t", 1), Some(other.stream));
+        assert_eq!(&*topic, "t");
+    }
+
+    /// Records name their topic with the partition's one allocation, however the topics'
+    /// records interleave (the per-tier layout reads several topics at once).
+    #[test]
+    fn records_of_a_partition_share_its_topic() {
+        let offsets = Offsets::default();
+        offsets.assign([("a", 0), ("b", 0)]);
+        let mut last = LastStream::default();
+        let mut topics = Vec::new();
+        for (i, t) in ["a", "b", "a", "b"].into_iter().enumerate() {
+            topics.push(offsets.track_cached(&mut last, t, 0, i as i64).unwrap().2);
+        }
+        assert!(Arc::ptr_eq(&topics[0], &topics[2]));
+        assert!(Arc::ptr_eq(&topics[1], &topics[3]));
+        assert_eq!(&*topics[1], "b");
     }
 
     /// Issue 10 point 10: a rebalance error gives up every partition. Dispositions arriving

@@ -309,7 +309,7 @@ impl PollLoop {
     ) -> Option<Delivery> {
         let topic = msg.topic();
         let partition = msg.partition();
-        let (token, generation) =
+        let (token, generation, shared_topic) =
             self.offsets
                 .track_cached(&mut self.last_stream, topic, partition, msg.offset())?;
         let headers = read_headers(msg);
@@ -336,11 +336,7 @@ impl PollLoop {
         tally.consumed += 1;
         let ordering_key = self.ordering.key_of((topic, partition), key.as_deref());
         let message = KafkaMessage {
-            topic: self
-                .last_stream
-                .topic()
-                .cloned()
-                .unwrap_or_else(|| Arc::from(topic)),
+            topic: shared_topic,
             partition,
             offset: msg.offset(),
             key,
