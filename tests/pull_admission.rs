@@ -325,20 +325,23 @@ async fn a_source_is_told_which_tiers_are_shed() {
     assert!(resumed.is_ok(), "never resumed: {calls:?}");
 }
 
-/// Under sustained overload a refused message is deferred only if a drain could bring it back
-/// in time: while anything is shed no drain is pulled, and the shed level comes down only after
-/// `admission.recover_ms` (here 5 s). Sheddable with a 3 s window is shed at once (counted by
-/// `triage_too_late_to_defer_total`), never published to the defer store; Medium with a 60 s
-/// window is deferred as before.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_that_would_expire_before_any_drain_is_shed_not_deferred() {
+/// The overload runs below: `config` with two workers, a 10 ms handler (capacity about
+/// 200/s) and a defer sink, fed from a source offered the ids `ids` at about 1,000/s, each
+/// message's tier and deadline from `offer(id, now)`, plus a second source already holding
+/// `backlog` (if any). The ledger is checked to balance once the runtime is idle; the report
+/// and the defer sink's copies come back.
+async fn overload(
+    mut config: RuntimeConfig,
+    backlog: Option<MemoryBroker<u32>>,
+    ids: std::ops::Range<u32>,
+    offer: impl Fn(u32, triage::quanta::Instant) -> (Criticality, Option<triage::quanta::Instant>),
+) -> (
+    triage::runtime::Report,
+    Vec<(u32, triage::runtime::Republish)>,
+) {
+    config.workers = 2.try_into().unwrap();
     let broker = MemoryBroker::new();
     let sink = Arc::new(MemorySink::new());
-    let mut config = RuntimeConfig {
-        workers: 2.try_into().unwrap(),
-        ..RuntimeConfig::default()
-    };
-    config.admission.recover_ms = 5_000;
     let seen = Arc::new(Concurrency::default());
     let clock = triage::quanta::Clock::new();
     let mut rt = Runtime::builder(config)
@@ -346,15 +349,14 @@ async fn a_message_that_would_expire_before_any_drain_is_shed_not_deferred() {
         .defer_sink(Arc::clone(&sink))
         .start(seen.handler(Duration::from_millis(10)))
         .unwrap();
+    if let Some(backlog) = backlog {
+        backlog.close();
+        rt.attach(backlog.source());
+    }
     rt.attach(broker.source());
-    // Capacity about 200/s; offered about 1,000/s for two seconds, mix 10/20/30/40.
-    for i in 0..2_000u32 {
-        let tier = MIX[(i % 10) as usize];
-        let window = match tier {
-            Criticality::Sheddable => Duration::from_secs(3),
-            _ => Duration::from_secs(60),
-        };
-        broker.publish(i, tier, Some(clock.now() + window));
+    for i in ids {
+        let (tier, deadline) = offer(i, clock.now());
+        broker.publish(i, tier, deadline);
         if i % 10 == 9 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -363,15 +365,41 @@ async fn a_message_that_would_expire_before_any_drain_is_shed_not_deferred() {
     rt.wait_idle().await;
     let report = rt.shutdown(Duration::from_secs(5)).await;
     assert!(report.stats.balances(), "{report}");
-    let copies = sink.items();
-    let of = |tier| {
-        copies
-            .iter()
-            .filter(|(_, info)| info.criticality == tier)
-            .count()
-    };
-    assert_eq!(of(Criticality::Sheddable), 0, "{report}");
-    assert!(of(Criticality::Medium) > 0, "nothing deferred: {report}");
+    (report, sink.items())
+}
+
+/// Copies of `tier` among the defer sink's.
+fn copies_of(copies: &[(u32, triage::runtime::Republish)], tier: Criticality) -> usize {
+    copies
+        .iter()
+        .filter(|(_, info)| info.criticality == tier)
+        .count()
+}
+
+/// Under sustained overload a refused message is deferred only if a drain could bring it back
+/// in time: while anything is shed no drain is pulled, and the shed level comes down only after
+/// `admission.recover_ms` (here 5 s). Sheddable with a 3 s window is shed at once (counted by
+/// `triage_too_late_to_defer_total`), never published to the defer store; Medium with a 60 s
+/// window is deferred as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_would_expire_before_any_drain_is_shed_not_deferred() {
+    let mut config = RuntimeConfig::default();
+    config.admission.recover_ms = 5_000;
+    // Offered about 1,000/s for two seconds, mix 10/20/30/40.
+    let (report, copies) = overload(config, None, 0..2_000, |i, now| {
+        let tier = MIX[(i % 10) as usize];
+        let window = match tier {
+            Criticality::Sheddable => Duration::from_secs(3),
+            _ => Duration::from_secs(60),
+        };
+        (tier, Some(now + window))
+    })
+    .await;
+    assert_eq!(copies_of(&copies, Criticality::Sheddable), 0, "{report}");
+    assert!(
+        copies_of(&copies, Criticality::Medium) > 0,
+        "nothing deferred: {report}"
+    );
     let sheddable = *report.stats.ledger.tier(Criticality::Sheddable);
     assert_eq!(sheddable.deferred, 0, "{report}");
     assert!(sheddable.shed > 0, "{report}");
@@ -385,43 +413,17 @@ async fn a_message_that_would_expire_before_any_drain_is_shed_not_deferred() {
 /// `recover_ms` counted, no Medium message would be shed (2 s of slack is far above 200 ms).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sustained_overload_stops_deferring_what_it_would_outlast() {
-    let broker = MemoryBroker::new();
-    let sink = Arc::new(MemorySink::new());
-    let mut config = RuntimeConfig {
-        workers: 2.try_into().unwrap(),
-        ..RuntimeConfig::default()
-    };
+    let mut config = RuntimeConfig::default();
     config.admission.recover_ms = 200;
-    let seen = Arc::new(Concurrency::default());
-    let clock = triage::quanta::Clock::new();
-    let mut rt = Runtime::builder(config)
-        .clock(clock.clone())
-        .defer_sink(Arc::clone(&sink))
-        .start(seen.handler(Duration::from_millis(10)))
-        .unwrap();
-    rt.attach(broker.source());
-    // Capacity about 200/s; offered about 1,000/s for four seconds, 10% Critical (which fits:
-    // nothing is held, so the source is never paused and Medium is read with its 2 s of
-    // slack nearly whole) and the rest Medium and Sheddable.
-    for i in 0..4_000u32 {
-        let tier = match i % 10 {
-            0 => Criticality::Critical,
-            1..=4 => Criticality::Medium,
-            _ => Criticality::Sheddable,
-        };
-        let deadline = match tier {
-            Criticality::Sheddable => None,
-            _ => Some(clock.now() + Duration::from_secs(2)),
-        };
-        broker.publish(i, tier, deadline);
-        if i % 10 == 9 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-    broker.close();
-    rt.wait_idle().await;
-    let report = rt.shutdown(Duration::from_secs(5)).await;
-    assert!(report.stats.balances(), "{report}");
+    // Offered about 1,000/s for four seconds, 10% Critical (which fits: nothing is held, so
+    // the source is never paused and Medium is read with its 2 s of slack nearly whole) and
+    // the rest Medium and Sheddable.
+    let (report, _) = overload(config, None, 0..4_000, |i, now| match i % 10 {
+        0 => (Criticality::Critical, Some(now + Duration::from_secs(2))),
+        1..=4 => (Criticality::Medium, Some(now + Duration::from_secs(2))),
+        _ => (Criticality::Sheddable, None),
+    })
+    .await;
     let medium = *report.stats.ledger.tier(Criticality::Medium);
     assert!(medium.deferred > 0, "no Medium deferred early on: {report}");
     assert!(
@@ -445,55 +447,28 @@ async fn a_sustained_overload_stops_deferring_what_it_would_outlast() {
 /// on their way back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_message_whose_copy_could_not_return_in_time_is_shed_to_make_room() {
-    let broker = MemoryBroker::new();
-    let sink = Arc::new(MemorySink::new());
     let mut config = RuntimeConfig {
-        workers: 2.try_into().unwrap(),
         max_held: 32.try_into().unwrap(),
         ..RuntimeConfig::default()
     };
     config.queue.capacity = 16.try_into().unwrap();
     config.admission.recover_ms = 200;
-    let seen = Arc::new(Concurrency::default());
-    let clock = triage::quanta::Clock::new();
-    let mut rt = Runtime::builder(config)
-        .clock(clock.clone())
-        .defer_sink(Arc::clone(&sink))
-        .start(seen.handler(Duration::from_millis(10)))
-        .unwrap();
-    rt.attach(broker.source());
-    // Capacity about 200/s; offered about 1,000/s for three seconds: 10% Critical without a
-    // deadline, 30% High (Backpressure), 60% Sheddable with 150 ms.
-    for i in 0..3_000u32 {
-        let (tier, deadline) = match i % 10 {
-            0 => (Criticality::Critical, None),
-            1..=3 => (Criticality::High, None),
-            _ => (
-                Criticality::Sheddable,
-                Some(clock.now() + Duration::from_millis(150)),
-            ),
-        };
-        broker.publish(i, tier, deadline);
-        if i % 10 == 9 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-    broker.close();
-    rt.wait_idle().await;
-    let report = rt.shutdown(Duration::from_secs(5)).await;
-    assert!(report.stats.balances(), "{report}");
-    let copies = sink.items();
-    let of = |tier| {
-        copies
-            .iter()
-            .filter(|(_, info)| info.criticality == tier)
-            .count()
-    };
+    // Offered about 1,000/s for three seconds: 10% Critical without a deadline, 30% High
+    // (Backpressure), 60% Sheddable with 150 ms.
+    let (report, copies) = overload(config, None, 0..3_000, |i, now| match i % 10 {
+        0 => (Criticality::Critical, None),
+        1..=3 => (Criticality::High, None),
+        _ => (
+            Criticality::Sheddable,
+            Some(now + Duration::from_millis(150)),
+        ),
+    })
+    .await;
     assert!(
         copies.iter().any(|(_, info)| info.reason == "make_room"),
         "no room was made: {report}"
     );
-    assert_eq!(of(Criticality::Sheddable), 0, "{report}");
+    assert_eq!(copies_of(&copies, Criticality::Sheddable), 0, "{report}");
     let sheddable = *report.stats.ledger.tier(Criticality::Sheddable);
     assert_eq!(sheddable.deferred, 0, "{report}");
     assert!(sheddable.shed > 0, "{report}");
@@ -504,54 +479,33 @@ async fn a_held_message_whose_copy_could_not_return_in_time_is_shed_to_make_room
 }
 
 /// A backlog delays every drain: the drains are pulled only into room, and the workers have
-/// none until the lag is served. 3,000 Critical messages (no deadline) wait in one source, which two
-/// workers at 10 ms take about 15 s to clear; meanwhile about 1,000 messages a second arrive
-/// in another for two seconds, half Medium useful for 2 s, half Sheddable without a deadline. Medium is
-/// refused from the start of the overload, when shedding has lasted only moments (which
-/// alone would allow a copy, as in the test above): its 2 s are less than the backlog takes
-/// to clear, so each is shed at once. Sheddable, with no deadline, is still deferred.
+/// none until the lag is served. 3,000 Critical messages (no deadline) wait in one source,
+/// which two workers at 10 ms take about 15 s to clear; meanwhile about 1,000 messages a second
+/// arrive in another for two seconds, half Medium useful for 2 s, half Sheddable without a
+/// deadline. Medium is refused from the start of the overload, when shedding has lasted only
+/// moments (which alone would allow a copy, as in the test above): its 2 s are less than the
+/// backlog takes to clear, so each is shed at once. Sheddable, with no deadline, is still
+/// deferred. (Two sources: in one FIFO source the arrivals would wait behind the backlog and
+/// expire before they are read.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_refused_behind_a_backlog_it_cannot_outlast_is_shed_not_deferred() {
-    // Two sources, the backlog's and the arrivals' (in one FIFO source the arrivals would
-    // wait behind the backlog and expire before they are read).
     let backlog = MemoryBroker::new();
-    let broker = MemoryBroker::new();
-    let sink = Arc::new(MemorySink::new());
-    let config = RuntimeConfig {
-        workers: 2.try_into().unwrap(),
-        ..RuntimeConfig::default()
-    };
-    let seen = Arc::new(Concurrency::default());
-    let clock = triage::quanta::Clock::new();
     for i in 0..3_000u32 {
         backlog.publish(i, Criticality::Critical, None);
     }
-    backlog.close();
-    let mut rt = Runtime::builder(config)
-        .clock(clock.clone())
-        .defer_sink(Arc::clone(&sink))
-        .start(seen.handler(Duration::from_millis(10)))
-        .unwrap();
-    rt.attach(backlog.source());
-    rt.attach(broker.source());
-    for i in 3_000..5_000u32 {
-        if i % 2 == 0 {
-            broker.publish(
-                i,
-                Criticality::Medium,
-                Some(clock.now() + Duration::from_secs(2)),
-            );
-        } else {
-            broker.publish(i, Criticality::Sheddable, None);
-        }
-        if i % 10 == 9 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-    broker.close();
-    rt.wait_idle().await;
-    let report = rt.shutdown(Duration::from_secs(5)).await;
-    assert!(report.stats.balances(), "{report}");
+    let (report, _) = overload(
+        RuntimeConfig::default(),
+        Some(backlog),
+        3_000..5_000,
+        |i, now| {
+            if i % 2 == 0 {
+                (Criticality::Medium, Some(now + Duration::from_secs(2)))
+            } else {
+                (Criticality::Sheddable, None)
+            }
+        },
+    )
+    .await;
     let medium = *report.stats.ledger.tier(Criticality::Medium);
     assert!(medium.shed > 0, "Medium not refused: {report}");
     assert_eq!(medium.deferred, 0, "{report}");
