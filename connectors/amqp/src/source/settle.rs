@@ -80,10 +80,18 @@ struct Outstanding {
     /// Tracked and not settled yet (bounded by the prefetch).
     tags: BTreeSet<u64>,
     /// Every tag below this was tracked (delivery tags start at 1 on each channel and count up
-    /// by one per delivery); tags tracked above a gap wait in `ahead`.
+    /// by one per delivery); tags tracked above a gap wait in `ahead`, at most `MAX_AHEAD`.
     tracked_below: u64,
     ahead: BTreeSet<u64>,
+    /// `ahead` overflowed: a tag stayed untracked for long (a paused tier's deliveries wait in
+    /// the inbox while the others flow). No ack is coalesced for the rest of the epoch, rather
+    /// than keep every later tag.
+    gave_up: bool,
 }
+
+/// Tags tracked above an untracked one that [`Outstanding`] remembers before it stops
+/// coalescing for the epoch.
+const MAX_AHEAD: usize = 65_536;
 
 impl Outstanding {
     fn new(epoch: u64, stream: u64) -> Self {
@@ -93,11 +101,15 @@ impl Outstanding {
             tags: BTreeSet::new(),
             tracked_below: 1,
             ahead: BTreeSet::new(),
+            gave_up: false,
         }
     }
 
     fn track(&mut self, tag: u64) {
         self.tags.insert(tag);
+        if self.gave_up {
+            return;
+        }
         if tag == self.tracked_below {
             self.tracked_below += 1;
             while self.ahead.remove(&self.tracked_below) {
@@ -105,6 +117,10 @@ impl Outstanding {
             }
         } else if tag > self.tracked_below {
             self.ahead.insert(tag);
+            if self.ahead.len() > MAX_AHEAD {
+                self.gave_up = true;
+                self.ahead = BTreeSet::new();
+            }
         }
     }
 
@@ -116,6 +132,9 @@ impl Outstanding {
 
     /// Every tag below this is tracked and settled.
     fn floor(&self) -> u64 {
+        if self.gave_up {
+            return 0;
+        }
         self.tags
             .first()
             .map_or(self.tracked_below, |&t| t.min(self.tracked_below))
@@ -529,6 +548,22 @@ mod tests {
                 }
             ]
         );
+    }
+
+    /// A tag left untracked for long (a paused tier's delivery) does not make the set of tags
+    /// tracked above it grow without bound: past `MAX_AHEAD` coalescing stops for the epoch,
+    /// and nothing is coalesced over the gap.
+    #[test]
+    fn a_long_gap_stops_coalescing_instead_of_growing() {
+        let mut state = Outstanding::new(1, 1);
+        for t in 2..=(MAX_AHEAD as u64 + 2) {
+            state.track(t);
+            state.settle(t).unwrap();
+        }
+        assert!(state.gave_up);
+        assert!(state.ahead.is_empty());
+        state.track(1);
+        assert_eq!(state.settle(1), Some(0));
     }
 
     /// Tag 2 not tracked yet (in another consumer's buffer): acks of 1 and 3 stay single, so
