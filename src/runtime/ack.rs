@@ -15,6 +15,16 @@ pub trait AckSink: Send + Sync + 'static {
     /// Records the message's final disposition. Called once per [`AckRef`].
     fn resolve(&self, token: AckRef, disposition: Disposition);
 
+    /// Records the same final disposition for several messages, as [`resolve`](AckSink::resolve)
+    /// would one after the other, in slice order. The runtime's workers settle the messages of
+    /// a batch with one call, so a connector can take its lock (or send to its settle task)
+    /// once per batch rather than once per message; the default calls `resolve` for each.
+    fn resolve_all(&self, tokens: &[AckRef], disposition: Disposition) {
+        for &token in tokens {
+            self.resolve(token, disposition);
+        }
+    }
+
     /// The message was handed back without a disposition (shutdown, revocation, a dropped
     /// [`Ack`]): it must not be acknowledged, so the broker redelivers it. The default does
     /// nothing, which for a watermark-committing source is exactly "not acknowledged".
@@ -99,6 +109,16 @@ impl Ack {
         if let Some(sink) = self.sink.take() {
             sink.resolve(self.token, disposition);
         }
+    }
+
+    /// The sink and the token, taken out without resolving or releasing: the caller must
+    /// resolve the token on the sink (the worker's batch settlement, `AckSink::resolve_all`).
+    /// `None` for a [`noop`](Ack::noop) handle.
+    pub(crate) fn into_parts(self) -> Option<(Arc<dyn AckSink>, AckRef)> {
+        let mut this = std::mem::ManuallyDrop::new(self);
+        // The sink is moved out, so nothing is left for the skipped drop to release or leak.
+        let token = this.token;
+        this.sink.take().map(|sink| (sink, token))
     }
 
     /// Hands the message back unacknowledged (it will be redelivered), consuming the handle.

@@ -45,7 +45,7 @@ use crate::ledger::Disposition;
 use crate::queue::Dequeued;
 use crate::runtime::engine::Inner;
 use crate::runtime::item::Item;
-use crate::runtime::{Ack, HandlerError, Job, LoadLevel};
+use crate::runtime::{Ack, AckRef, AckSink, HandlerError, Job, LoadLevel};
 use crate::Criticality;
 
 /// Most items a worker takes from the queue at once.
@@ -81,7 +81,7 @@ impl Tally {
     /// counts those messages out of the runtime: in the order one message's settlement takes
     /// (ledger, acknowledgement, `alive`), so a reader who sees a message acknowledged sees it
     /// in the ledger, and `wait_idle` sees nothing alive before every disposition is recorded.
-    fn flush<T>(&mut self, inner: &Inner<T>, acks: &mut Vec<Ack>) {
+    fn flush<T>(&mut self, inner: &Inner<T>, acks: &mut Vec<Ack>, tokens: &mut Vec<AckRef>) {
         let metrics = &inner.accounts.metrics;
         let ledger = &inner.accounts.ledger;
         let mut settled = 0;
@@ -109,15 +109,39 @@ impl Tally {
             inner.served.fetch_add(self.served, Ordering::Relaxed);
             inner.busy_ns.fetch_add(self.busy_ns, Ordering::Relaxed);
         }
-        for ack in acks.drain(..) {
-            ack.resolve(Disposition::Completed);
-        }
+        resolve_completed(acks, tokens);
         if settled > 0 {
             // The bytes before `alive`: `wait_idle` reads the budget once nothing is alive.
             inner.accounts.memory.remove(self.settled_bytes, false);
             inner.accounts.leave(settled as i64);
         }
         *self = Tally::default();
+    }
+}
+
+/// Resolves `acks` as completed, in order, with one [`AckSink::resolve_all`] call per run of
+/// acks to the same sink (one per batch with one source), so a connector takes its lock once
+/// per batch. `tokens` is scratch, reused from batch to batch.
+fn resolve_completed(acks: &mut Vec<Ack>, tokens: &mut Vec<AckRef>) {
+    let mut current: Option<Arc<dyn AckSink>> = None;
+    for ack in acks.drain(..) {
+        let Some((sink, token)) = ack.into_parts() else {
+            continue;
+        };
+        match &current {
+            Some(cur) if Arc::ptr_eq(cur, &sink) => {}
+            _ => {
+                if let Some(cur) = current.replace(sink) {
+                    cur.resolve_all(tokens, Disposition::Completed);
+                    tokens.clear();
+                }
+            }
+        }
+        tokens.push(token);
+    }
+    if let Some(cur) = current {
+        cur.resolve_all(tokens, Disposition::Completed);
+        tokens.clear();
     }
 }
 
@@ -130,6 +154,8 @@ struct Local<T> {
     tally: Tally,
     /// The acks of the messages the tally settled, resolved at its flush.
     acks: Vec<Ack>,
+    /// Scratch for the acks' tokens at the flush (`resolve_completed`).
+    tokens: Vec<AckRef>,
     /// Handler calls in a row that finished at their first poll.
     streak: u32,
     /// Mean handler time, exponentially weighted (1/8), ns.
@@ -138,7 +164,7 @@ struct Local<T> {
 
 impl<T> Local<T> {
     fn flush(&mut self, inner: &Inner<T>) {
-        self.tally.flush(inner, &mut self.acks);
+        self.tally.flush(inner, &mut self.acks, &mut self.tokens);
     }
 
     fn batch_size(&self) -> usize {
@@ -177,6 +203,7 @@ where
         spare: None,
         tally: Tally::default(),
         acks: Vec::with_capacity(MAX_BATCH),
+        tokens: Vec::with_capacity(MAX_BATCH),
         streak: 0,
         mean_ns: u64::MAX,
     };
@@ -352,4 +379,82 @@ where
         }
     }
     finished
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// Records each call: `resolve_all`'s slice as one entry, `resolve` as a slice of one.
+    #[derive(Default)]
+    struct Calls(Mutex<Vec<(u8, Vec<u64>)>>);
+
+    struct Sink(u8, Arc<Calls>);
+
+    impl AckSink for Sink {
+        fn resolve(&self, token: AckRef, disposition: Disposition) {
+            assert_eq!(disposition, Disposition::Completed);
+            self.1
+                 .0
+                .lock()
+                .unwrap()
+                .push((self.0, vec![token.position]));
+        }
+
+        fn resolve_all(&self, tokens: &[AckRef], disposition: Disposition) {
+            assert_eq!(disposition, Disposition::Completed);
+            let positions = tokens.iter().map(|t| t.position).collect();
+            self.1 .0.lock().unwrap().push((self.0, positions));
+        }
+    }
+
+    fn at(position: u64) -> AckRef {
+        AckRef {
+            stream: 0,
+            position,
+            epoch: 1,
+        }
+    }
+
+    #[test]
+    fn a_batch_is_resolved_with_one_call_per_run_of_the_same_sink() {
+        let calls = Arc::new(Calls::default());
+        let a: Arc<dyn AckSink> = Arc::new(Sink(b'a', Arc::clone(&calls)));
+        let b: Arc<dyn AckSink> = Arc::new(Sink(b'b', Arc::clone(&calls)));
+        let mut acks = vec![
+            Ack::new(Arc::clone(&a), at(1)),
+            Ack::new(Arc::clone(&a), at(2)),
+            Ack::noop(),
+            Ack::new(Arc::clone(&a), at(3)),
+            Ack::new(Arc::clone(&b), at(4)),
+            Ack::new(Arc::clone(&b), at(5)),
+            Ack::new(Arc::clone(&a), at(6)),
+        ];
+        let mut tokens = Vec::new();
+        resolve_completed(&mut acks, &mut tokens);
+        assert!(acks.is_empty() && tokens.is_empty());
+        assert_eq!(
+            *calls.0.lock().unwrap(),
+            vec![(b'a', vec![1, 2, 3]), (b'b', vec![4, 5]), (b'a', vec![6]),]
+        );
+        // Every handle was taken apart, none released on drop: only the test's own references
+        // remain.
+        assert_eq!(Arc::strong_count(&a), 1);
+        assert_eq!(Arc::strong_count(&b), 1);
+    }
+
+    #[test]
+    fn the_default_resolve_all_resolves_each_in_order() {
+        struct One(Arc<Calls>);
+        impl AckSink for One {
+            fn resolve(&self, token: AckRef, _: Disposition) {
+                self.0 .0.lock().unwrap().push((0, vec![token.position]));
+            }
+        }
+        let calls = Arc::new(Calls::default());
+        One(Arc::clone(&calls)).resolve_all(&[at(7), at(8)], Disposition::Completed);
+        assert_eq!(*calls.0.lock().unwrap(), vec![(0, vec![7]), (0, vec![8])]);
+    }
 }

@@ -146,8 +146,8 @@ pub(crate) fn rebalance(kind: &'static str) {
     counter!(REBALANCES_TOTAL, "kind" => kind).increment(1);
 }
 
-pub(crate) fn stale_ack() {
-    counter!(STALE_ACKS_TOTAL).increment(1);
+pub(crate) fn stale_ack_n(n: u64) {
+    counter!(STALE_ACKS_TOTAL).increment(n);
 }
 
 pub(crate) fn pause(cause: &'static str) {
@@ -185,7 +185,7 @@ mod tests {
             commit(CommitTrigger::Revoke, false);
             unclassified(UnclassifiedReason::Missing, 1);
             rebalance("assign");
-            stale_ack();
+            stale_ack_n(1);
             pause("runtime");
             client_restart("fatal");
             published("defer", "ok");

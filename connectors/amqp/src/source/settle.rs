@@ -212,23 +212,34 @@ impl Settler {
 
     /// Settles `token` with `how`, once; false if it was stale or already settled.
     pub(crate) fn settle(&self, token: AckRef, how: Settle) -> bool {
+        self.settle_all(&[token], how) == 1
+    }
+
+    /// Settles every token with `how` under one lock (a worker's batch); returns how many were
+    /// settled (the others were stale or settled already, and are counted as such).
+    pub(crate) fn settle_all(&self, tokens: &[AckRef], how: Settle) -> u64 {
+        let mut settled = 0;
         let mut state = self.lock();
-        if token.epoch != state.epoch || token.stream != state.stream || state.epoch == 0 {
-            self.metrics.stale_settles.incr();
-            return false;
+        for token in tokens {
+            if token.epoch != state.epoch || token.stream != state.stream || state.epoch == 0 {
+                self.metrics.stale_settles.incr();
+                continue;
+            }
+            let Some(floor) = state.settle(token.position) else {
+                self.metrics.duplicate_settles.incr();
+                continue;
+            };
+            // Sent under the lock: every settle of a tag below `floor` is queued before this
+            // one.
+            let _ = self.tx.send(Command::Settle {
+                epoch: token.epoch,
+                tag: token.position,
+                how,
+                floor,
+            });
+            settled += 1;
         }
-        let Some(floor) = state.settle(token.position) else {
-            self.metrics.duplicate_settles.incr();
-            return false;
-        };
-        // Sent under the lock: every settle of a tag below `floor` is queued before this one.
-        let _ = self.tx.send(Command::Settle {
-            epoch: token.epoch,
-            tag: token.position,
-            how,
-            floor,
-        });
-        true
+        settled
     }
 
     /// Waits until every settle decided so far has been written to the socket (or failed).
@@ -249,6 +260,19 @@ impl AckSink for Settler {
                 self.metrics.rejected.incr();
             } else {
                 self.metrics.acked(disposition, 1);
+            }
+        }
+    }
+
+    fn resolve_all(&self, tokens: &[AckRef], disposition: Disposition) {
+        let reject = disposition == Disposition::Failed && !self.dead_letter_via_sink;
+        let how = if reject { Settle::Reject } else { Settle::Ack };
+        let n = self.settle_all(tokens, how);
+        if n > 0 {
+            if reject {
+                self.metrics.rejected.add(n);
+            } else {
+                self.metrics.acked(disposition, n);
             }
         }
     }

@@ -194,20 +194,38 @@ impl Offsets {
     }
 
     fn resolve(&self, token: AckRef) {
-        // A token of an earlier epoch (the partition revoked, or revoked and assigned again)
-        // resolves to `Stale`, as does one of a partition no longer assigned.
-        let ack = AckToken::from_parts(token.stream, token.position, Epoch::from_raw(token.epoch));
-        let result = self.state.lock().tracker.resolve(&ack);
-        match result {
-            Ok(_) => {}
-            Err(ResolveError::Stale { .. }) => {
-                self.stats.stale_acks.fetch_add(1, Ordering::Relaxed);
-                metrics::stale_ack();
+        self.resolve_all(&[token]);
+    }
+
+    /// Resolves every token under one lock (a worker's batch). A token of an earlier epoch
+    /// (the partition revoked, or revoked and assigned again) resolves to `Stale`, as does one
+    /// of a partition no longer assigned.
+    fn resolve_all(&self, tokens: &[AckRef]) {
+        let mut stale = 0u64;
+        let mut refused = None;
+        {
+            let mut state = self.state.lock();
+            for token in tokens {
+                let ack = AckToken::from_parts(
+                    token.stream,
+                    token.position,
+                    Epoch::from_raw(token.epoch),
+                );
+                match state.tracker.resolve(&ack) {
+                    Ok(_) => {}
+                    Err(ResolveError::Stale { .. }) => stale += 1,
+                    Err(err) => refused = Some(err),
+                }
             }
-            Err(err) => {
-                // A runtime bug (double resolve), not a message problem: worth a log line.
-                tracing::warn!(%err, "kafka source: disposition refused");
-            }
+        }
+        if stale > 0 {
+            self.stats.stale_acks.fetch_add(stale, Ordering::Relaxed);
+            metrics::stale_ack_n(stale);
+        }
+        if let Some(err) = refused {
+            // A runtime bug (double resolve), not a message problem: worth a log line (the
+            // batch's last, outside the lock).
+            tracing::warn!(%err, "kafka source: disposition refused");
         }
     }
 
@@ -405,6 +423,12 @@ impl AckSink for KafkaAcks {
         // copy is confirmed, Expired and Shed were decided by policy. Only a release does not.
         let _ = disposition;
         self.offsets.resolve(token);
+    }
+
+    fn resolve_all(&self, tokens: &[AckRef], disposition: Disposition) {
+        // As `resolve`: every disposition settles the offset.
+        let _ = disposition;
+        self.offsets.resolve_all(tokens);
     }
 }
 
