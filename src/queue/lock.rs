@@ -9,7 +9,8 @@
 //! read-modify-writes per push+pop, as `ArrayQueue`.
 //!
 //! A plain store cannot tell a parked thread to wake, so no thread parks on this lock: a
-//! thread that finds it taken spins (exponentially, as crossbeam's `Backoff`), then yields
+//! thread that finds it taken spins (exponentially, as crossbeam's `Backoff`, but longer: see
+//! [`SPINS`]), then yields
 //! its core, up to [`YIELDS`] times, and only then sleeps [`NAP`] at a time until it is free.
 //! The critical sections are tens of nanoseconds and never block, so a holder that keeps the
 //! lock for longer than the spinning is a holder the scheduler preempted; yielding hands it a
@@ -45,9 +46,17 @@ use std::cell::UnsafeCell;
 #[cfg(loom)]
 use loom::cell::UnsafeCell;
 
-/// Rounds of exponential spinning (`2^step` spin hints each) before a waiter yields.
+/// Rounds of exponential spinning (`2^step` spin hints each) before a waiter yields: 1,023
+/// hints in all, about 25 µs where a spin hint (`pause`) costs 25 ns (this project's Xeon VMs;
+/// a few µs on CPUs with the older, shorter `pause`). crossbeam's `Backoff` stops at 6 rounds
+/// (63 hints, 1.6 µs here), which made a waiter yield while the holder was running on the
+/// other core and only moving cache lines: the yield handed the core to another contender, and
+/// the four-producer, two-consumer bench made 1.14 million context switches instead of 132,000
+/// (25 ms against 19 ms per 100,000 items on threads, 38-42 ms against 28-30 ms with async
+/// consumers; BENCHMARKS.md). A descheduled holder costs a waiter at most these 25 µs of
+/// spinning before it yields, against a time slice of milliseconds.
 #[cfg_attr(loom, allow(dead_code))]
-const SPINS: u32 = 6;
+const SPINS: u32 = 10;
 
 /// Yields of the thread before a waiter naps.
 #[cfg_attr(loom, allow(dead_code))]
