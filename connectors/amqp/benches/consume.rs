@@ -78,31 +78,16 @@ async fn fill(ch: &Channel, queue: &str, n: usize) {
 }
 
 async fn plain(queue: &str, n: usize) -> Duration {
-    let conn = connect().await;
-    let ch = conn.create_channel().await.expect("channel");
-    ch.basic_qos(PREFETCH, BasicQosOptions { global: false })
-        .await
-        .expect("qos");
-    let start = Instant::now();
-    let mut consumer = ch
-        .basic_consume(
-            queue,
-            "",
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("consume");
-    for _ in 0..n {
-        let d = consumer.next().await.expect("delivery").expect("ok");
-        d.ack(BasicAckOptions::default()).await.expect("ack");
-    }
-    let took = start.elapsed();
-    let _ = conn.close(200, "done").await;
-    took
+    plain_acking_every(queue, n, 1).await
 }
 
 async fn plain_batched(queue: &str, n: usize) -> Duration {
+    plain_acking_every(queue, n, ACK_EVERY).await
+}
+
+/// A plain lapin consumer that acks every `ack_every`-th delivery and the last, each ack
+/// awaited: one ack per delivery when `ack_every` is 1, else one `multiple` ack for the run.
+async fn plain_acking_every(queue: &str, n: usize, ack_every: usize) -> Duration {
     let conn = connect().await;
     let ch = conn.create_channel().await.expect("channel");
     ch.basic_qos(PREFETCH, BasicQosOptions { global: false })
@@ -120,10 +105,12 @@ async fn plain_batched(queue: &str, n: usize) -> Duration {
         .expect("consume");
     for i in 1..=n {
         let d = consumer.next().await.expect("delivery").expect("ok");
-        if i % ACK_EVERY == 0 || i == n {
-            d.ack(BasicAckOptions { multiple: true })
-                .await
-                .expect("ack");
+        if i % ack_every == 0 || i == n {
+            d.ack(BasicAckOptions {
+                multiple: ack_every > 1,
+            })
+            .await
+            .expect("ack");
         }
     }
     let took = start.elapsed();
