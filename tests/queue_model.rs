@@ -88,6 +88,18 @@ impl Model {
         let need_bytes = (bytes + size).saturating_sub(self.max_bytes.unwrap_or(usize::MAX));
         !((need_slot && lower_items == 0) || lower_bytes < need_bytes)
     }
+    /// Whether, once the expired items are discarded, one item of `size` bytes still needs
+    /// evictions to fit.
+    fn needs_eviction(&self, size: usize, now_ms: u64) -> bool {
+        let live = || {
+            self.tiers
+                .iter()
+                .flatten()
+                .filter(|i| !Self::expired(i, now_ms))
+        };
+        live().count() >= self.capacity
+            || live().map(|i| i.size).sum::<usize>() + size > self.max_bytes.unwrap_or(usize::MAX)
+    }
     /// Removes and returns the ids of every expired item.
     fn remove_expired(&mut self, now_ms: u64) -> Vec<u64> {
         let mut out = Vec::new();
@@ -160,10 +172,14 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                 }
                 let rank = tier.rank();
                 // A push that needs room first discards every expired item, if that (with
-                // evictions below) makes room; otherwise nothing is removed.
+                // evictions below) makes room; otherwise nothing is removed. An item whose own
+                // deadline has passed evicts no live item: it is refused instead.
                 // (Admission refuses before any of that.)
-                let makes_room =
-                    !model.fits(1, item.size) && model.can_make_room(rank, item.size, now_ms);
+                let dead_on_arrival =
+                    Model::expired(&item, now_ms) && model.needs_eviction(item.size, now_ms);
+                let makes_room = !model.fits(1, item.size)
+                    && model.can_make_room(rank, item.size, now_ms)
+                    && !dead_on_arrival;
                 match queue.push(id, meta) {
                     Ok(removed) => {
                         let mut expected_expired = Vec::new();
@@ -217,7 +233,9 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                         let need_bytes = (model.bytes() + item.size)
                             .saturating_sub(model.max_bytes.unwrap_or(usize::MAX));
                         prop_assert!(
-                            (need_slot && lower_items == 0) || lower_bytes < need_bytes,
+                            dead_on_arrival
+                                || (need_slot && lower_items == 0)
+                                || lower_bytes < need_bytes,
                             "refused as full although room could be made"
                         );
                     }

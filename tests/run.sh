@@ -7,7 +7,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 tests/tools.sh
 tests/brokers/up.sh
-cargo test --workspace --all-features
+# Every test binary runs even after a failure, so one run shows every failing test.
+cargo test --workspace --all-features --no-fail-fast
 # The loom models of the waiter protocols (tests/loom_queue.rs) are opt-in: `--cfg loom`
 # rebuilds every dependency in a target directory of its own (about 10 minutes the first time
 # on 2 cores; the models run in about a minute), which would push the suite past its 30-minute

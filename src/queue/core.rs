@@ -187,15 +187,24 @@ impl<T> Core<T> {
         if expiry.is_none() && nothing_below && self.len >= self.capacity {
             return Err(self.refuse(RefuseReason::Full, meta.criticality, item));
         }
-        if !self.can_make_room(rank, size, max_bytes, expiry) {
-            return Err(self.refuse(RefuseReason::Full, meta.criticality, item));
+        // A live item is never evicted for one whose own deadline has passed: that would lose
+        // the live one's service and serve nothing.
+        let incoming_expired = meta.deadline.is_some_and(|d| d <= expiry.unwrap_or(now));
+        match self.room_plan(rank, size, max_bytes, expiry) {
+            None => return Err(self.refuse(RefuseReason::Full, meta.criticality, item)),
+            Some(true) if incoming_expired => {
+                return Err(self.refuse(RefuseReason::Full, meta.criticality, item))
+            }
+            Some(_) => {}
         }
         let mut removed = Vec::new();
         if let Some(cutoff) = expiry {
             self.remove_expired(cutoff, &mut removed);
         }
         let mut one = None;
-        while self.len >= self.capacity || self.total_bytes + size > max_bytes {
+        // `size > max_bytes - total_bytes` rather than `total_bytes + size > max_bytes`: the
+        // total never exceeds the budget, so this cannot overflow, whatever the sizes.
+        while self.len >= self.capacity || size > max_bytes - self.total_bytes {
             match self.evict_below(rank) {
                 // One eviction and nothing expired, the usual case, needs no allocation.
                 Some(e) if removed.is_empty() && one.is_none() => one = Some(e),
@@ -229,14 +238,15 @@ impl<T> Core<T> {
     }
 
     /// Whether discarding the items expired at `expiry` and evicting below `rank` would make
-    /// room for one item of `size` bytes.
-    fn can_make_room(
+    /// room for one item of `size` bytes: `None` if not, else whether evictions are needed
+    /// (`Some(false)`: discarding the expired items is enough).
+    fn room_plan(
         &self,
         rank: usize,
         size: usize,
         max_bytes: usize,
         expiry: Option<Instant>,
-    ) -> bool {
+    ) -> Option<bool> {
         let mut expired_items = 0;
         let mut expired_bytes = 0;
         let mut expired_lower_items = 0;
@@ -259,8 +269,12 @@ impl<T> Core<T> {
             self.tiers[..rank].iter().map(VecDeque::len).sum::<usize>() - expired_lower_items;
         let lower_bytes: usize = self.bytes[..rank].iter().sum::<usize>() - expired_lower_bytes;
         let need_slot = len >= self.capacity;
-        let need_bytes = (bytes + size).saturating_sub(max_bytes);
-        !((need_slot && lower_items == 0) || lower_bytes < need_bytes)
+        // `bytes <= max_bytes` always holds, so neither side can overflow.
+        let need_bytes = size.saturating_sub(max_bytes - bytes);
+        if (need_slot && lower_items == 0) || lower_bytes < need_bytes {
+            return None;
+        }
+        Some(need_slot || need_bytes > 0)
     }
 
     /// Takes out every item expired at `cutoff`, lowest tier first and oldest first within a

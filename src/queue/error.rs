@@ -59,7 +59,8 @@ impl fmt::Display for RefuseReason {
 pub enum PushError<T> {
     /// Queue-age admission refused the item's tier.
     Overloaded(T),
-    /// The queue is full and holds nothing of a tier below the item's to evict.
+    /// The queue is full and holds nothing of a tier below the item's to evict (or the item's
+    /// own deadline has passed, and only an eviction of a live item would make room).
     Full(T),
     /// The item's size alone is above the byte budget.
     TooLarge(T),

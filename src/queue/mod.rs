@@ -18,7 +18,8 @@
 //!   Either way the item comes back to the caller; nothing is dropped inside the queue.
 //!   Expired items never hold the room: a push into a full queue first discards every item
 //!   whose deadline has passed (handed back as [`Removed::Expired`]), and only then evicts or
-//!   refuses by the rule above.
+//!   refuses by the rule above. An incoming item whose own deadline has already passed evicts
+//!   nothing: if only an eviction would make room, it is refused as full and handed back.
 //! - **Discard what has expired at dequeue.** An item whose deadline passed while it waited is
 //!   handed back as [`Dequeued::Expired`]: free to drop, impossible to help. It is not charged
 //!   to its tier's share.

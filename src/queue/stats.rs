@@ -12,7 +12,8 @@ pub struct TierStats {
     pub pushed: u64,
     /// Items handed out ready to serve.
     pub popped: u64,
-    /// Items handed back at dequeue because their deadline had passed.
+    /// Items handed back because their deadline had passed: at dequeue, or discarded by a
+    /// push into a full queue (as [`Removed::Expired`](crate::queue::Removed::Expired)).
     pub expired: u64,
     /// Items evicted to make room for a more critical one, or by a capacity shrink.
     pub evicted: u64,

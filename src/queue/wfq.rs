@@ -9,8 +9,8 @@ use quanta::{Clock, Instant};
 use super::core::Core;
 use super::lock::SpinLock;
 use super::{
-    Closed, Dequeued, Entry, Evictions, Meta, PopTimeoutError, PushError, QueueStats, Removed,
-    TryPopError, WfqConfig,
+    Closed, Dequeued, Entry, Evictions, Meta, PopTimeoutError, PushError, QueueStats, RefuseReason,
+    Removed, TryPopError, WfqConfig,
 };
 use crate::admission::{admits_at, QueueAgeAdmission};
 use crate::loom::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -279,7 +279,8 @@ impl<T> WfqQueue<T> {
     /// The item comes back inside the error:
     /// - [`PushError::Overloaded`] when queue-age admission refuses the tier (one atomic load,
     ///   no lock, no allocation);
-    /// - [`PushError::Full`] when the queue is full and holds nothing of a lower tier;
+    /// - [`PushError::Full`] when the queue is full and holds nothing of a lower tier, or
+    ///   only an eviction would make room and the item's own deadline has already passed;
     /// - [`PushError::TooLarge`] when `meta.size_bytes` alone is above the byte budget;
     /// - [`PushError::Closed`] after [`close`](Self::close).
     #[inline]
@@ -288,7 +289,7 @@ impl<T> WfqQueue<T> {
         let level = self.shed_level.load(Ordering::Relaxed);
         if !admits_at(level, tier) {
             if level == CLOSED_LEVEL {
-                return Err(PushError::Closed(item));
+                return Err(self.refuse_closed(item, tier));
             }
             self.overloaded[tier.rank()].fetch_add(1, Ordering::Relaxed);
             return Err(PushError::Overloaded(item));
@@ -308,7 +309,7 @@ impl<T> WfqQueue<T> {
     #[inline]
     pub fn push_admitted(&self, item: T, meta: Meta) -> Result<Evictions<T>, PushError<T>> {
         if self.shed_level.load(Ordering::Relaxed) == CLOSED_LEVEL {
-            return Err(PushError::Closed(item));
+            return Err(self.refuse_closed(item, meta.criticality));
         }
         self.push_unchecked(item, meta)
     }
@@ -323,7 +324,7 @@ impl<T> WfqQueue<T> {
         meta: Meta,
     ) -> Result<Evictions<T>, PushError<T>> {
         if self.shed_level.load(Ordering::Relaxed) == CLOSED_LEVEL {
-            return Err(PushError::Closed(item));
+            return Err(self.refuse_closed(item, meta.criticality));
         }
         let now = self.now();
         let mut st = self.state.lock();
@@ -331,6 +332,17 @@ impl<T> WfqQueue<T> {
         self.changed(&mut st, now);
         drop(st);
         Ok(evicted)
+    }
+
+    /// Refuses a push after [`close`](Self::close), counted in the tier's stats like every
+    /// other refusal (cold: the lock is taken only to count).
+    #[cold]
+    #[inline(never)]
+    fn refuse_closed(&self, item: T, tier: Criticality) -> PushError<T> {
+        self.state
+            .lock()
+            .core
+            .refuse(RefuseReason::Closed, tier, item)
     }
 
     #[inline]
@@ -476,7 +488,7 @@ impl<T> WfqQueue<T> {
             let level = self.shed_level.load(Ordering::Relaxed);
             if !admits_at(level, tier) {
                 if level == CLOSED_LEVEL {
-                    refused.push(PushError::Closed(item));
+                    refused.push(st.core.refuse(RefuseReason::Closed, tier, item));
                 } else {
                     self.overloaded[tier.rank()].fetch_add(1, Ordering::Relaxed);
                     refused.push(PushError::Overloaded(item));
@@ -508,13 +520,22 @@ impl<T> WfqQueue<T> {
     /// # Errors
     ///
     /// [`TryPopError::Empty`] when no tier in `mask` holds anything (nothing appended),
-    /// [`TryPopError::Closed`] once the queue is closed and empty.
+    /// [`TryPopError::Closed`] once the queue is closed and empty. With `max` 0 nothing is
+    /// taken and the result is `Ok(0)` unless the queue is closed and empty.
     pub fn pop_batch_masked(
         &self,
         mask: TierMask,
         max: usize,
         out: &mut Vec<Dequeued<T>>,
     ) -> Result<usize, TryPopError> {
+        if max == 0 {
+            // Asked for nothing: nothing taken, the queue's state reported as a pop would.
+            return if self.is_closed() && self.is_empty() {
+                Err(TryPopError::Closed)
+            } else {
+                Ok(0)
+            };
+        }
         let now = self.now();
         let mut precise = None;
         let mut st = self.state.lock();
@@ -1065,6 +1086,121 @@ mod tests {
 
     fn items(q: &WfqQueue<u32>) -> Vec<u32> {
         std::iter::from_fn(|| q.try_pop().ok().map(|d| d.into_entry().into_inner())).collect()
+    }
+
+    /// Asking a batch pop for nothing takes nothing and is not an error while items are held.
+    #[test]
+    fn a_batch_pop_of_zero_items_is_ok_zero() {
+        let q = queue(4);
+        let mut out = Vec::new();
+        assert_eq!(q.pop_batch(0, &mut out), Ok(0));
+        assert_eq!(
+            q.push(1, Meta::new(Criticality::High))
+                .expect("room")
+                .count(),
+            0
+        );
+        assert_eq!(q.pop_batch(0, &mut out), Ok(0));
+        assert!(out.is_empty());
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.close().len(), 1);
+        assert_eq!(q.pop_batch(0, &mut out), Err(TryPopError::Closed));
+    }
+
+    /// A push refused because the queue is closed is counted like any other refusal, by every
+    /// push path, and the stats still balance.
+    #[test]
+    fn pushes_after_close_are_counted_as_refused_closed() {
+        let q = queue(4);
+        q.close();
+        assert!(matches!(
+            q.push(1, Meta::new(Criticality::High)),
+            Err(PushError::Closed(1))
+        ));
+        assert!(matches!(
+            q.push_admitted(2, Meta::new(Criticality::High)),
+            Err(PushError::Closed(2))
+        ));
+        let (mut removed, mut refused) = (Vec::new(), Vec::new());
+        let batch = [(3, Meta::new(Criticality::Sheddable))];
+        assert_eq!(q.push_batch(batch, &mut removed, &mut refused), 0);
+        assert!(matches!(refused[..], [PushError::Closed(3)]));
+        let stats = q.stats();
+        let high = stats.tier(Criticality::High);
+        assert_eq!(high.refused_for(RefuseReason::Closed), 2);
+        assert_eq!(high.pushed, 2);
+        let sheddable = stats.tier(Criticality::Sheddable);
+        assert_eq!(sheddable.refused_for(RefuseReason::Closed), 1);
+        assert!(stats.balances(), "{stats}");
+    }
+
+    /// A full queue does not evict a live item for one whose own deadline has passed: the
+    /// incoming item is refused and the live one kept. Room made by discarding expired items
+    /// alone is still used.
+    #[test]
+    fn an_item_expired_on_arrival_evicts_no_live_item() {
+        let (clock, mock) = Clock::mock();
+        let config = WfqConfig::with_capacity(1).admission(QueueAgeConfig::disabled());
+        let q = WfqQueue::with_clock(config, clock.clone()).expect("valid config");
+        mock.increment(Duration::from_secs(1));
+        let past = clock.now() - Duration::from_millis(1);
+        assert_eq!(
+            q.push(1, Meta::new(Criticality::Sheddable))
+                .expect("room")
+                .count(),
+            0
+        );
+        let dead = Meta::new(Criticality::Critical).deadline(past);
+        assert!(matches!(q.push(2, dead), Err(PushError::Full(2))));
+        assert_eq!(items(&q), [1]);
+        // The held item expired: discarding it makes room, no live item is evicted.
+        let soon = clock.now() + Duration::from_millis(5);
+        assert_eq!(
+            q.push(3, Meta::new(Criticality::Sheddable).deadline(soon))
+                .expect("room")
+                .count(),
+            0
+        );
+        mock.increment(Duration::from_millis(10));
+        let removed: Vec<_> = q.push(4, dead).unwrap().collect();
+        assert!(matches!(removed[..], [Removed::Expired(_)]));
+        assert!(q.stats().balances());
+    }
+
+    /// Sizes near `usize::MAX` neither overflow the byte counters nor exceed the budget: what
+    /// cannot be held is refused.
+    #[test]
+    fn sizes_near_usize_max_are_refused_not_overflowed() {
+        for budget in [None, std::num::NonZeroUsize::new(usize::MAX)] {
+            let config = WfqConfig::with_capacity(4)
+                .admission(QueueAgeConfig::disabled())
+                .max_bytes(budget);
+            let q = WfqQueue::with_clock(config, Clock::mock().0).expect("valid config");
+            let none = q
+                .push(
+                    1,
+                    Meta::new(Criticality::Sheddable).size_bytes(usize::MAX - 1),
+                )
+                .expect("room");
+            assert_eq!(none.count(), 0);
+            // Room by bytes only by evicting the Sheddable item.
+            let evicted: Vec<_> = q
+                .push(2, Meta::new(Criticality::Critical).size_bytes(10))
+                .unwrap()
+                .map(Removed::into_inner)
+                .collect();
+            assert_eq!(evicted, [1]);
+            // Nothing below Critical to evict: refused, the held item kept.
+            assert!(matches!(
+                q.push(
+                    3,
+                    Meta::new(Criticality::Critical).size_bytes(usize::MAX - 1)
+                ),
+                Err(PushError::Full(3))
+            ));
+            assert_eq!(q.stats().tier(Criticality::Critical).bytes, 10);
+            assert!(q.stats().balances());
+        }
     }
 
     /// The lock-free hint agrees with what a push would do: full by count with nothing below
