@@ -191,11 +191,8 @@ impl<T> Core<T> {
         // the live one's service and serve nothing.
         let incoming_expired = meta.deadline.is_some_and(|d| d <= expiry.unwrap_or(now));
         match self.room_plan(rank, size, max_bytes, expiry) {
-            None => return Err(self.refuse(RefuseReason::Full, meta.criticality, item)),
-            Some(true) if incoming_expired => {
-                return Err(self.refuse(RefuseReason::Full, meta.criticality, item))
-            }
-            Some(_) => {}
+            Some(needs_eviction) if !(needs_eviction && incoming_expired) => {}
+            _ => return Err(self.refuse(RefuseReason::Full, meta.criticality, item)),
         }
         let mut removed = Vec::new();
         if let Some(cutoff) = expiry {

@@ -9,8 +9,8 @@ use quanta::{Clock, Instant};
 use super::core::Core;
 use super::lock::SpinLock;
 use super::{
-    Closed, Dequeued, Entry, Evictions, Meta, PopTimeoutError, PushError, QueueStats, RefuseReason,
-    Removed, TryPopError, WfqConfig,
+    Closed, Dequeued, Entry, Evictions, Meta, PopTimeoutError, PushError, QueueStats, Removed,
+    TryPopError, WfqConfig,
 };
 use crate::admission::{admits_at, QueueAgeAdmission};
 use crate::loom::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -287,10 +287,8 @@ impl<T> WfqQueue<T> {
     pub fn push(&self, item: T, meta: Meta) -> Result<Evictions<T>, PushError<T>> {
         let tier = meta.criticality;
         let level = self.shed_level.load(Ordering::Relaxed);
-        if !admits_at(level, tier) {
-            if level == CLOSED_LEVEL {
-                return Err(self.refuse_closed(item, tier));
-            }
+        // After `close` the core refuses the push itself, counted like any other refusal.
+        if !admits_at(level, tier) && level != CLOSED_LEVEL {
             self.overloaded[tier.rank()].fetch_add(1, Ordering::Relaxed);
             return Err(PushError::Overloaded(item));
         }
@@ -308,9 +306,6 @@ impl<T> WfqQueue<T> {
     /// As [`push`](Self::push), except [`PushError::Overloaded`].
     #[inline]
     pub fn push_admitted(&self, item: T, meta: Meta) -> Result<Evictions<T>, PushError<T>> {
-        if self.shed_level.load(Ordering::Relaxed) == CLOSED_LEVEL {
-            return Err(self.refuse_closed(item, meta.criticality));
-        }
         self.push_unchecked(item, meta)
     }
 
@@ -323,26 +318,12 @@ impl<T> WfqQueue<T> {
         item: T,
         meta: Meta,
     ) -> Result<Evictions<T>, PushError<T>> {
-        if self.shed_level.load(Ordering::Relaxed) == CLOSED_LEVEL {
-            return Err(self.refuse_closed(item, meta.criticality));
-        }
         let now = self.now();
         let mut st = self.state.lock();
         let (evicted, _) = st.core.push(item, meta, now, || self.clock.now())?;
         self.changed(&mut st, now);
         drop(st);
         Ok(evicted)
-    }
-
-    /// Refuses a push after [`close`](Self::close), counted in the tier's stats like every
-    /// other refusal (cold: the lock is taken only to count).
-    #[cold]
-    #[inline(never)]
-    fn refuse_closed(&self, item: T, tier: Criticality) -> PushError<T> {
-        self.state
-            .lock()
-            .core
-            .refuse(RefuseReason::Closed, tier, item)
     }
 
     #[inline]
@@ -486,13 +467,10 @@ impl<T> WfqQueue<T> {
             let tier = meta.criticality;
             // Our own re-evaluations below may move the level within the batch.
             let level = self.shed_level.load(Ordering::Relaxed);
-            if !admits_at(level, tier) {
-                if level == CLOSED_LEVEL {
-                    refused.push(st.core.refuse(RefuseReason::Closed, tier, item));
-                } else {
-                    self.overloaded[tier.rank()].fetch_add(1, Ordering::Relaxed);
-                    refused.push(PushError::Overloaded(item));
-                }
+            // After `close` the core's push refuses (and counts) the item.
+            if !admits_at(level, tier) && level != CLOSED_LEVEL {
+                self.overloaded[tier.rank()].fetch_add(1, Ordering::Relaxed);
+                refused.push(PushError::Overloaded(item));
                 continue;
             }
             let clock = || *precise.get_or_insert_with(|| self.clock.now());
@@ -1127,10 +1105,10 @@ mod tests {
         assert!(matches!(refused[..], [PushError::Closed(3)]));
         let stats = q.stats();
         let high = stats.tier(Criticality::High);
-        assert_eq!(high.refused_for(RefuseReason::Closed), 2);
+        assert_eq!(high.refused_for(crate::queue::RefuseReason::Closed), 2);
         assert_eq!(high.pushed, 2);
         let sheddable = stats.tier(Criticality::Sheddable);
-        assert_eq!(sheddable.refused_for(RefuseReason::Closed), 1);
+        assert_eq!(sheddable.refused_for(crate::queue::RefuseReason::Closed), 1);
         assert!(stats.balances(), "{stats}");
     }
 
