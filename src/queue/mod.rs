@@ -71,7 +71,7 @@
 //! lines, and a holder descheduled inside its critical section holds everyone up. Blocking
 //! pushes and pops spin, then yield, before they park, as crossbeam-channel does, and async
 //! ones yield to the executor once before they register to sleep; with async tasks the queue
-//! keeps about level with async-channel (0.79-1.27x over runs on two machines, 2026-12-02 and
+//! keeps about level with async-channel (0.79-1.32x over runs on three machines, 2026-12-02 and
 //! 03), and with four producers and two consumers on threads it moves 0.33-0.82x of a bounded
 //! crossbeam-channel's items per second, one at a time, 0.58-2.0x in batches of 32.
 //! The alternative measured in issue 11, four lock-free rings (one per tier) with an atomic
