@@ -17,7 +17,7 @@ enum Action {
     Push {
         tier: Criticality,
         deadline_ms: Option<u16>,
-        size: u16,
+        size: usize,
     },
     Pop,
     Advance(u16),
@@ -37,9 +37,18 @@ fn tier() -> impl Strategy<Value = Criticality> {
     ]
 }
 
+/// Mostly small sizes; now and then one so large that two add up past `usize::MAX`, which a
+/// queue without a byte budget must hold by count alone.
+fn size() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        15 => 0..64usize,
+        1 => (usize::MAX / 2)..=usize::MAX,
+    ]
+}
+
 fn action() -> impl Strategy<Value = Action> {
     prop_oneof![
-        6 => (tier(), proptest::option::weighted(0.5, 0..200u16), 0..64u16)
+        6 => (tier(), proptest::option::weighted(0.5, 0..200u16), size())
             .prop_map(|(tier, deadline_ms, size)| Action::Push { tier, deadline_ms, size }),
         4 => Just(Action::Pop),
         2 => (0..100u16).prop_map(Action::Advance),
@@ -66,12 +75,21 @@ impl Model {
     fn len(&self) -> usize {
         self.tiers.iter().map(VecDeque::len).sum()
     }
-    fn bytes(&self) -> usize {
-        self.tiers.iter().flatten().map(|i| i.size).sum()
+    /// Bytes held, in `u128` so that no sum of sizes overflows.
+    fn bytes(&self) -> u128 {
+        self.tiers.iter().flatten().map(|i| i.size as u128).sum()
+    }
+    fn tier_bytes(&self, rank: usize) -> u128 {
+        self.tiers[rank].iter().map(|i| i.size as u128).sum()
+    }
+    /// Bytes above the budget once `bytes` more are added: 0 without a budget.
+    fn over_budget(&self, bytes: u128) -> u128 {
+        self.max_bytes
+            .map_or(0, |m| bytes.saturating_sub(m as u128))
     }
     fn fits(&self, extra_items: usize, extra_bytes: usize) -> bool {
         self.len() + extra_items <= self.capacity
-            && self.bytes() + extra_bytes <= self.max_bytes.unwrap_or(usize::MAX)
+            && self.over_budget(self.bytes() + extra_bytes as u128) == 0
     }
     fn expired(item: &Item, now_ms: u64) -> bool {
         matches!(item.deadline_ms, Some(d) if d <= now_ms)
@@ -81,11 +99,11 @@ impl Model {
     fn can_make_room(&self, rank: usize, size: usize, now_ms: u64) -> bool {
         let live = |r: usize| self.tiers[r].iter().filter(|i| !Self::expired(i, now_ms));
         let len: usize = (0..4).map(|r| live(r).count()).sum();
-        let bytes: usize = (0..4).flat_map(live).map(|i| i.size).sum();
+        let bytes: u128 = (0..4).flat_map(live).map(|i| i.size as u128).sum();
         let lower_items: usize = (0..rank).map(|r| live(r).count()).sum();
-        let lower_bytes: usize = (0..rank).flat_map(live).map(|i| i.size).sum();
+        let lower_bytes: u128 = (0..rank).flat_map(live).map(|i| i.size as u128).sum();
         let need_slot = len >= self.capacity;
-        let need_bytes = (bytes + size).saturating_sub(self.max_bytes.unwrap_or(usize::MAX));
+        let need_bytes = self.over_budget(bytes + size as u128);
         !((need_slot && lower_items == 0) || lower_bytes < need_bytes)
     }
     /// Whether, once the expired items are discarded, one item of `size` bytes still needs
@@ -98,7 +116,7 @@ impl Model {
                 .filter(|i| !Self::expired(i, now_ms))
         };
         live().count() >= self.capacity
-            || live().map(|i| i.size).sum::<usize>() + size > self.max_bytes.unwrap_or(usize::MAX)
+            || self.over_budget(live().map(|i| i.size as u128).sum::<u128>() + size as u128) > 0
     }
     /// Removes and returns the ids of every expired item.
     fn remove_expired(&mut self, now_ms: u64) -> Vec<u64> {
@@ -164,7 +182,7 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                 let item = Item {
                     id,
                     deadline_ms: deadline_ms.map(|d| now_ms + u64::from(d)),
-                    size: usize::from(size),
+                    size,
                 };
                 let mut meta = Meta::new(tier).size_bytes(item.size);
                 if let Some(d) = item.deadline_ms {
@@ -227,11 +245,9 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                         );
                         let lower_items: usize =
                             model.tiers[..rank].iter().map(VecDeque::len).sum();
-                        let lower_bytes: usize =
-                            model.tiers[..rank].iter().flatten().map(|i| i.size).sum();
+                        let lower_bytes: u128 = (0..rank).map(|r| model.tier_bytes(r)).sum();
                         let need_slot = model.len() >= model.capacity;
-                        let need_bytes = (model.bytes() + item.size)
-                            .saturating_sub(model.max_bytes.unwrap_or(usize::MAX));
+                        let need_bytes = model.over_budget(model.bytes() + item.size as u128);
                         prop_assert!(
                             dead_on_arrival
                                 || (need_slot && lower_items == 0)
@@ -241,7 +257,7 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                     }
                     Err(PushError::TooLarge(back)) => {
                         prop_assert_eq!(back, id);
-                        prop_assert!(item.size > model.max_bytes.unwrap_or(usize::MAX));
+                        prop_assert!(model.max_bytes.is_some_and(|m| item.size > m));
                     }
                     Err(PushError::Overloaded(back)) => {
                         prop_assert_eq!(back, id);
@@ -313,8 +329,11 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
         prop_assert_eq!(stats.depth() as usize, model.len());
         prop_assert_eq!(queue.len(), model.len());
         prop_assert!(queue.len() <= model.capacity, "over capacity");
-        let held_bytes: u64 = stats.total(|t| t.bytes);
-        prop_assert_eq!(held_bytes as usize, model.bytes());
+        for t in Criticality::ALL {
+            // Saturated, not wrapped, when sizes held without a budget add up past `u64::MAX`.
+            let expected = u64::try_from(model.tier_bytes(t.rank())).unwrap_or(u64::MAX);
+            prop_assert_eq!(stats.tier(t).bytes, expected, "{} bytes", t);
+        }
         let depths = queue.depths();
         for t in Criticality::ALL {
             prop_assert_eq!(depths[t], model.tiers[t.rank()].len());

@@ -118,7 +118,7 @@ pub struct WfqConfig {
     #[serde(deserialize_with = "crate::config_de::count::<_, MAX_CAPACITY>")]
     pub capacity: NonZeroUsize,
     /// Optional budget on the summed `size_bytes` of held items, in bytes. `None` (the default)
-    /// bounds by count only.
+    /// bounds by count only, whatever the sizes (even sizes adding up past `usize::MAX`).
     pub max_bytes: Option<NonZeroUsize>,
     /// Dequeue weight per tier, `1..=1000` each. Default `8 / 4 / 2 / 1`.
     pub weights: PerTier<Weight>,

@@ -21,9 +21,17 @@ use crate::Criticality;
 pub(crate) struct Core<T> {
     len: usize,
     capacity: usize,
+    /// Bytes counted against the budget: the sum of held sizes with a budget, always 0
+    /// without one (see `budget_mask`).
     total_bytes: usize,
     /// The byte budget, `usize::MAX` for none.
     max_bytes: usize,
+    /// `usize::MAX` with a byte budget, 0 without: a size is masked with it before it counts
+    /// into `total_bytes`. Without a budget the total stays 0, so every byte check
+    /// (`size <= max_bytes - total_bytes`) passes whatever the sizes, and "no budget bounds by
+    /// count only" holds even for sizes that add up past `usize::MAX`, with no branch on the
+    /// fast path.
+    budget_mask: usize,
     /// Bit `rank` set per non-empty tier, kept as items come and go.
     backlog: u8,
     closed: bool,
@@ -37,7 +45,10 @@ pub(crate) struct Core<T> {
     pushed: [u64; 4],
     /// Items served per tier, indexed by rank (`TierStats::popped`).
     popped: [u64; 4],
-    bytes: [usize; 4],
+    /// Bytes held per tier, indexed by rank, for the stats and for eviction by bytes. `u128`:
+    /// without a budget held sizes may add up past `usize::MAX` (at most `capacity` sizes of
+    /// at most `usize::MAX` each, which `u128` holds).
+    bytes: [u128; 4],
     /// FIFO per tier, indexed by rank: push at the back, serve from the front, evict from the
     /// back (the newest).
     tiers: [VecDeque<Entry<T>>; 4],
@@ -50,6 +61,15 @@ pub(crate) struct Core<T> {
     stats: [TierStats; 4],
 }
 
+/// `usize::MAX` with a byte budget, 0 without (`Core::budget_mask`).
+fn budget_mask(max_bytes: Option<usize>) -> usize {
+    if max_bytes.is_some() {
+        usize::MAX
+    } else {
+        0
+    }
+}
+
 impl<T> Core<T> {
     pub(crate) fn new(capacity: usize, max_bytes: Option<usize>, weights: [u32; 4]) -> Self {
         Core {
@@ -57,6 +77,7 @@ impl<T> Core<T> {
             capacity,
             total_bytes: 0,
             max_bytes: max_bytes.unwrap_or(usize::MAX),
+            budget_mask: budget_mask(max_bytes),
             backlog: 0,
             closed: false,
             recheck_at: None,
@@ -156,8 +177,8 @@ impl<T> Core<T> {
         }
         self.len += 1;
         if size != 0 {
-            self.bytes[rank] += size;
-            self.total_bytes += size;
+            self.bytes[rank] += size as u128;
+            self.total_bytes += size & self.budget_mask;
         }
         self.pushed[rank] += 1;
         was_empty
@@ -244,30 +265,33 @@ impl<T> Core<T> {
         max_bytes: usize,
         expiry: Option<Instant>,
     ) -> Option<bool> {
+        // Sizes are summed in `u128`: without a budget they may add up past `usize::MAX`.
         let mut expired_items = 0;
-        let mut expired_bytes = 0;
+        let mut expired_bytes: u128 = 0;
         let mut expired_lower_items = 0;
-        let mut expired_lower_bytes = 0;
+        let mut expired_lower_bytes: u128 = 0;
         if let Some(cutoff) = expiry {
             for (r, tier) in self.tiers.iter().enumerate() {
                 for e in tier.iter().filter(|e| e.is_expired(cutoff)) {
                     expired_items += 1;
-                    expired_bytes += e.meta.size_bytes;
+                    expired_bytes += (e.meta.size_bytes & self.budget_mask) as u128;
                     if r < rank {
                         expired_lower_items += 1;
-                        expired_lower_bytes += e.meta.size_bytes;
+                        expired_lower_bytes += e.meta.size_bytes as u128;
                     }
                 }
             }
         }
         let len = self.len - expired_items;
-        let bytes = self.total_bytes - expired_bytes;
+        // `total_bytes <= max_bytes` always holds (both 0 and `usize::MAX` without a budget),
+        // so the subtractions cannot underflow and the live total fits in `usize`.
+        let bytes = self.total_bytes - expired_bytes as usize;
         let lower_items: usize =
             self.tiers[..rank].iter().map(VecDeque::len).sum::<usize>() - expired_lower_items;
-        let lower_bytes: usize = self.bytes[..rank].iter().sum::<usize>() - expired_lower_bytes;
+        let lower_bytes = self.bytes[..rank].iter().sum::<u128>() - expired_lower_bytes;
         let need_slot = len >= self.capacity;
-        // `bytes <= max_bytes` always holds, so neither side can overflow.
-        let need_bytes = size.saturating_sub(max_bytes - bytes);
+        // 0 without a budget: `bytes` is 0 and `max_bytes` is `usize::MAX`.
+        let need_bytes = size.saturating_sub(max_bytes - bytes) as u128;
         if (need_slot && lower_items == 0) || lower_bytes < need_bytes {
             return None;
         }
@@ -324,8 +348,8 @@ impl<T> Core<T> {
         self.len -= 1;
         let size = e.meta.size_bytes;
         if size != 0 {
-            self.bytes[rank] -= size;
-            self.total_bytes -= size;
+            self.bytes[rank] -= size as u128;
+            self.total_bytes -= size & self.budget_mask;
         }
     }
 
@@ -364,8 +388,15 @@ impl<T> Core<T> {
         Some(Dequeued::Ready(e))
     }
 
-    /// Whether `count` more items of `bytes` in all fit under the count bound and the byte
-    /// budget as they stand.
+    /// What a size of `size_bytes` counts against the byte budget: itself with a budget, 0
+    /// without one.
+    #[inline]
+    pub(crate) fn budgeted(&self, size_bytes: usize) -> usize {
+        size_bytes & self.budget_mask
+    }
+
+    /// Whether `count` more items of `bytes` in all (as [`budgeted`](Self::budgeted)) fit
+    /// under the count bound and the byte budget as they stand.
     pub(crate) fn has_room(&self, count: usize, bytes: usize) -> bool {
         self.len + count <= self.capacity && bytes <= self.max_bytes - self.total_bytes
     }
@@ -386,8 +417,8 @@ impl<T> Core<T> {
         self.backlog |= 1 << rank;
         self.tiers[rank].push_front(e);
         self.len += 1;
-        self.bytes[rank] += size;
-        self.total_bytes += size;
+        self.bytes[rank] += size as u128;
+        self.total_bytes += size & self.budget_mask;
         self.pops = self.pops.saturating_sub(1);
         self.popped[rank] = self.popped[rank].saturating_sub(1);
     }
@@ -430,13 +461,24 @@ impl<T> Core<T> {
     ) -> Vec<Entry<T>> {
         self.capacity = capacity;
         self.max_bytes = max_bytes.unwrap_or(usize::MAX);
+        // Held without a budget, the sizes may add up past any budget now set, or past
+        // `usize::MAX`: while evicting they are compared in `u128` and nothing counts into
+        // `total_bytes`, which is set once they fit.
+        self.budget_mask = 0;
+        self.total_bytes = 0;
+        let limit = max_bytes.map_or(u128::MAX, |b| b as u128);
         let mut out = Vec::new();
-        let limit = self.max_bytes;
-        while self.len > self.capacity || self.total_bytes > limit {
+        while self.len > self.capacity || self.bytes.iter().sum::<u128>() > limit {
             match self.evict_below(Criticality::COUNT) {
                 Some(e) => out.push(e),
                 None => break,
             }
+        }
+        self.budget_mask = budget_mask(max_bytes);
+        if max_bytes.is_some() {
+            // At most the budget, so within `usize`.
+            self.total_bytes =
+                usize::try_from(self.bytes.iter().sum::<u128>()).unwrap_or(usize::MAX);
         }
         out
     }
@@ -464,7 +506,7 @@ impl<T> Core<T> {
             t.pushed += self.pushed[rank];
             t.popped += self.popped[rank];
             t.depth = self.tiers[rank].len() as u64;
-            t.bytes = self.bytes[rank] as u64;
+            t.bytes = u64::try_from(self.bytes[rank]).unwrap_or(u64::MAX);
             t.pushed += overloaded[rank];
             t.refused[RefuseReason::Overloaded.index()] += overloaded[rank];
         }

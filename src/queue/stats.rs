@@ -23,7 +23,8 @@ pub struct TierStats {
     pub drained: u64,
     /// Items held now.
     pub depth: u64,
-    /// Bytes held now (sum of `size_bytes`).
+    /// Bytes held now (sum of `size_bytes`), saturating at `u64::MAX` (sizes held without a
+    /// byte budget may add up past it).
     pub bytes: u64,
 }
 

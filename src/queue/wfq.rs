@@ -869,14 +869,20 @@ impl<T> WfqQueue<T> {
             return Err(Closed);
         }
         let mut count = 0;
-        let mut bytes = 0;
+        let mut bytes: usize = 0;
         let fits = batch
             .iter()
             .take_while(|d| match d {
                 Dequeued::Ready(e) => {
                     count += 1;
-                    bytes += e.meta.size_bytes;
-                    st.core.has_room(count, bytes)
+                    // A sum past `usize::MAX` exceeds any budget.
+                    match bytes.checked_add(st.core.budgeted(e.meta.size_bytes)) {
+                        Some(sum) => {
+                            bytes = sum;
+                            st.core.has_room(count, bytes)
+                        }
+                        None => false,
+                    }
                 }
                 Dequeued::Expired(_) => false,
             })
@@ -1149,36 +1155,93 @@ mod tests {
     /// cannot be held is refused.
     #[test]
     fn sizes_near_usize_max_are_refused_not_overflowed() {
-        for budget in [None, std::num::NonZeroUsize::new(usize::MAX)] {
-            let config = WfqConfig::with_capacity(4)
-                .admission(QueueAgeConfig::disabled())
-                .max_bytes(budget);
-            let q = WfqQueue::with_clock(config, Clock::mock().0).expect("valid config");
-            let none = q
-                .push(
-                    1,
-                    Meta::new(Criticality::Sheddable).size_bytes(usize::MAX - 1),
-                )
-                .expect("room");
-            assert_eq!(none.count(), 0);
-            // Room by bytes only by evicting the Sheddable item.
-            let evicted: Vec<_> = q
-                .push(2, Meta::new(Criticality::Critical).size_bytes(10))
-                .unwrap()
-                .map(Removed::into_inner)
-                .collect();
-            assert_eq!(evicted, [1]);
-            // Nothing below Critical to evict: refused, the held item kept.
-            assert!(matches!(
-                q.push(
-                    3,
-                    Meta::new(Criticality::Critical).size_bytes(usize::MAX - 1)
-                ),
-                Err(PushError::Full(3))
-            ));
-            assert_eq!(q.stats().tier(Criticality::Critical).bytes, 10);
-            assert!(q.stats().balances());
+        let config = WfqConfig::with_capacity(4)
+            .admission(QueueAgeConfig::disabled())
+            .max_bytes(std::num::NonZeroUsize::new(usize::MAX));
+        let q = WfqQueue::with_clock(config, Clock::mock().0).expect("valid config");
+        let none = q
+            .push(
+                1,
+                Meta::new(Criticality::Sheddable).size_bytes(usize::MAX - 1),
+            )
+            .expect("room");
+        assert_eq!(none.count(), 0);
+        // Room by bytes only by evicting the Sheddable item.
+        let evicted: Vec<_> = q
+            .push(2, Meta::new(Criticality::Critical).size_bytes(10))
+            .unwrap()
+            .map(Removed::into_inner)
+            .collect();
+        assert_eq!(evicted, [1]);
+        // Nothing below Critical to evict: refused, the held item kept.
+        assert!(matches!(
+            q.push(
+                3,
+                Meta::new(Criticality::Critical).size_bytes(usize::MAX - 1)
+            ),
+            Err(PushError::Full(3))
+        ));
+        assert_eq!(q.stats().tier(Criticality::Critical).bytes, 10);
+        assert!(q.stats().balances());
+    }
+
+    /// Without a byte budget the queue bounds by count only, however large the sizes: sizes
+    /// adding up past `usize::MAX` evict nothing and are not refused while slots are free, and
+    /// the byte stats saturate rather than wrap.
+    #[test]
+    fn without_a_budget_sizes_past_usize_max_are_bounded_by_count_only() {
+        let config = WfqConfig::with_capacity(4).admission(QueueAgeConfig::disabled());
+        let q = WfqQueue::with_clock(config, Clock::mock().0).expect("valid config");
+        let huge = usize::MAX - 1;
+        for (item, tier) in [
+            (1, Criticality::Sheddable),
+            (2, Criticality::Critical),
+            (3, Criticality::Critical),
+            (4, Criticality::Sheddable),
+        ] {
+            let removed = q
+                .push(item, Meta::new(tier).size_bytes(huge))
+                .expect("a free slot admits any size without a budget");
+            assert_eq!(removed.count(), 0, "item {item} evicted something");
         }
+        assert_eq!(q.len(), 4);
+        assert_eq!(q.stats().tier(Criticality::Critical).bytes, u64::MAX);
+        assert_eq!(
+            q.stats().tier(Criticality::Sheddable).bytes,
+            u64::MAX,
+            "two sizes of usize::MAX - 1 saturate"
+        );
+        // Full by count: a Critical push evicts the newest Sheddable, as with small sizes.
+        let evicted: Vec<_> = q
+            .push(5, Meta::new(Criticality::Critical).size_bytes(huge))
+            .expect("room by eviction")
+            .map(Removed::into_inner)
+            .collect();
+        assert_eq!(evicted, [4]);
+        assert_eq!(
+            q.stats().tier(Criticality::Sheddable).bytes,
+            huge as u64,
+            "exact again once the total fits"
+        );
+        // Setting a budget evicts until the held sizes fit it, lowest tier first, newest first.
+        let evicted: Vec<u32> = q
+            .reconfigure(
+                WfqConfig::with_capacity(4)
+                    .admission(QueueAgeConfig::disabled())
+                    .max_bytes(std::num::NonZeroUsize::new(usize::MAX)),
+            )
+            .expect("valid config")
+            .into_iter()
+            .map(Entry::into_inner)
+            .collect();
+        assert_eq!(evicted, [1, 5, 3]);
+        assert_eq!(q.stats().tier(Criticality::Critical).bytes, huge as u64);
+        // The budget now counts: one byte more than it leaves is refused.
+        assert!(matches!(
+            q.push(6, Meta::new(Criticality::Critical).size_bytes(2)),
+            Err(PushError::Full(6))
+        ));
+        assert!(q.stats().balances());
     }
 
     /// The lock-free hint agrees with what a push would do: full by count with nothing below
