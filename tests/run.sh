@@ -16,4 +16,7 @@ cargo test --workspace --all-features --no-fail-fast
 if [[ "${TRIAGE_LOOM:-0}" == 1 ]]; then
     RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom timeout 1800 \
         cargo test --test loom_queue --release
+    # The clock upkeep's park/wake protocol (src/queue/time.rs), a crate-private model.
+    RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom timeout 900 \
+        cargo test --lib --release queue::time::loom_tests
 fi

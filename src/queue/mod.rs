@@ -28,10 +28,12 @@
 //! # Time
 //!
 //! Items are stamped and deadlines compared with quanta's *recent* time (refreshed every
-//! millisecond by an upkeep thread started on first use), so the hot path reads the clock with
-//! one atomic load; queue ages are accurate to 1 ms. Deadlines stay exact: the precise clock
-//! is read only for a deadline within a few milliseconds of recent time (see `time.rs` for
-//! the window and what it assumes of the upkeep thread).
+//! millisecond by an upkeep thread started on first use, which parks after 100 ms in which
+//! nothing read it, so an idle process pays no wake-up per millisecond), so the hot path reads
+//! the clock with one atomic load; queue ages are accurate to 1 ms. Deadlines stay exact: the
+//! precise clock is read only for a deadline within a few milliseconds of recent time, and
+//! for every read while the upkeep thread is parked (see `time.rs` for the window, the parking
+//! protocol and what they assume of the upkeep thread).
 //!
 //! # Why one lock, and what it gives up
 //!
@@ -98,7 +100,7 @@ mod error;
 mod lock;
 mod scheduler;
 mod stats;
-mod time;
+pub(crate) mod time;
 mod wfq;
 
 pub use config::{Weight, WeightError, WfqConfig, MAX_CAPACITY, MAX_WEIGHT};

@@ -214,8 +214,6 @@ pub struct WfqQueue<T> {
     not_full: Event,
     full_waiters: AtomicUsize,
     clock: Clock,
-    /// Whether quanta's recent time is maintained (see the `time` module).
-    recent: bool,
 }
 
 impl<T> WfqQueue<T> {
@@ -235,6 +233,7 @@ impl<T> WfqQueue<T> {
     /// A [`ConfigError`] naming the field when `config` fails [`WfqConfig::validate`].
     pub fn with_clock(config: WfqConfig, clock: Clock) -> Result<Self, ConfigError> {
         config.validate()?;
+        super::time::start_upkeep();
         let capacity = config.capacity.get();
         let core = Core::new(
             config.capacity.get(),
@@ -261,7 +260,6 @@ impl<T> WfqQueue<T> {
             not_full: Event::new(),
             full_waiters: AtomicUsize::new(0),
             clock,
-            recent: super::time::recent_time_available(),
         })
     }
 
@@ -366,14 +364,11 @@ impl<T> WfqQueue<T> {
         self.not_full.notify(n.additional());
     }
 
-    /// The queue's notion of now: recent time when available, else a clock read.
+    /// The queue's notion of now: recent time while the upkeep thread keeps it fresh, else a
+    /// clock read (see the `time` module).
     #[inline]
     fn now(&self) -> Instant {
-        if self.recent {
-            self.clock.recent()
-        } else {
-            self.clock.now()
-        }
+        super::time::recent(&self.clock)
     }
 
     /// Serves the next item by weight without waiting.
@@ -924,7 +919,9 @@ impl<T> WfqQueue<T> {
     /// timer if the queue can sit idle while shed, so the shed level still reflects time passing.
     pub fn refresh_admission(&self) {
         let mut st = self.state.lock();
-        let now = self.now();
+        // A precise read: a periodic caller must not count as a use that keeps the clock's
+        // upkeep thread awake in an idle process (see the `time` module).
+        let now = self.clock.now();
         self.observe(&mut st, now);
     }
 
@@ -1022,7 +1019,8 @@ impl<T> WfqQueue<T> {
     /// (zero when none waits). The global queue age is `ages().sheddable`.
     pub fn ages(&self) -> PerTier<Duration> {
         let st = self.state.lock();
-        let [s, m, h, c] = st.core.ages(self.now());
+        // Precise, as `refresh_admission`: read by periodic reporters.
+        let [s, m, h, c] = st.core.ages(self.clock.now());
         PerTier::new(c, h, m, s)
     }
 

@@ -210,7 +210,10 @@ impl<T: Send + Sync + 'static> Inner<T> {
         let Some(key) = item.key else {
             return Some(item);
         };
-        match self.gate.arrive(key, item, self.clock.recent()) {
+        match self
+            .gate
+            .arrive(key, item, crate::queue::time::recent(&self.clock))
+        {
             Arrival::Admitted(item) => Some(item),
             Arrival::Parked => None,
             // Shutting down: released unacknowledged, with the rest of its key.
@@ -266,7 +269,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         let Some((item, parked_at)) = self.gate.release_next_waited(key) else {
             return;
         };
-        let now = self.clock.recent();
+        let now = crate::queue::time::recent(&self.clock);
         self.accounts
             .metrics
             .ordering_wait
@@ -547,8 +550,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
 
     /// Recent time (one atomic load), ns since `origin`.
     pub(crate) fn recent_ns(&self) -> u64 {
-        self.clock
-            .recent()
+        crate::queue::time::recent(&self.clock)
             .saturating_duration_since(self.origin)
             .as_nanos() as u64
     }
@@ -691,7 +693,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         if !shedding && backlog.is_zero() {
             return false;
         }
-        let recent = self.clock.recent();
+        let recent = crate::queue::time::recent(&self.clock);
         let mut eta = backlog;
         if shedding {
             let since = self.shedding_since_ns.load(Ordering::Relaxed);

@@ -302,7 +302,7 @@ impl<T: Send + Sync + 'static> Held<T> {
     fn offer_new(&mut self, inner: &Arc<Inner<T>>, item: Item<T>) {
         let rank = item.tier().rank();
         // One recent-time read for both: when this rank was seen, and its slack.
-        let recent = inner.clock.recent();
+        let recent = crate::queue::time::recent(&inner.clock);
         let now = (recent.saturating_duration_since(inner.origin).as_nanos() as u64).max(1);
         if self.seen_ns[rank] != now {
             self.seen_ns[rank] = now;
@@ -411,7 +411,7 @@ fn receive<T: Send + Sync + 'static>(
     let tier = envelope.criticality;
     let mut item = Item::consumed(envelope, &inner.accounts);
     inner.map_downstream(&mut item);
-    let now = inner.clock.recent();
+    let now = crate::queue::time::recent(&inner.clock);
     if mode == Mode::Normal {
         inner.pulled[tier.rank()].fetch_add(1, Ordering::Relaxed);
         // The deadline slack it arrives with: what admission predicts deadline misses from.

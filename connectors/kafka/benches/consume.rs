@@ -257,8 +257,8 @@ async fn triage(topic: &str) -> Timing {
 /// ways: over the whole run (consumer creation, the group join, every record, and the close:
 /// for triage the runtime's shutdown with the final commit), and over the steady part, from
 /// the first record to the last. Every plain run comes first: triage starts a clock thread
-/// (quanta's upkeep, for the queue's cheap time) that lives as long as the process, and a plain
-/// run after it would pay for it.
+/// (the queue's recent-time upkeep) that lives as long as the process; it parks 100 ms after
+/// its last use, but a plain run straight after a triage run would still pay its last ticks.
 fn cpu_report(rt: &tokio::runtime::Runtime, topic: &str) {
     let runs: usize = std::env::var("BENCH_CPU_RUNS")
         .ok()
