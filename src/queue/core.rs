@@ -166,11 +166,7 @@ impl<T> Core<T> {
             }
         }
         let was_empty = self.backlog & (1 << rank) == 0;
-        self.tiers[rank].push_back(Entry {
-            item,
-            meta,
-            enqueued_at: now,
-        });
+        self.tiers[rank].push_back(Entry::new(item, meta, now));
         if was_empty {
             self.backlog |= 1 << rank;
             self.sched.activate(rank);
@@ -274,10 +270,10 @@ impl<T> Core<T> {
             for (r, tier) in self.tiers.iter().enumerate() {
                 for e in tier.iter().filter(|e| e.is_expired(cutoff)) {
                     expired_items += 1;
-                    expired_bytes += (e.meta.size_bytes & self.budget_mask) as u128;
+                    expired_bytes += (e.size_bytes & self.budget_mask) as u128;
                     if r < rank {
                         expired_lower_items += 1;
-                        expired_lower_bytes += e.meta.size_bytes as u128;
+                        expired_lower_bytes += e.size_bytes as u128;
                     }
                 }
             }
@@ -314,7 +310,7 @@ impl<T> Core<T> {
                     self.stats[rank].expired += 1;
                     out.push(Removed::Expired(e));
                 } else {
-                    if let Some(d) = e.meta.deadline {
+                    if let Some(d) = e.deadline_opt() {
                         earliest = Some(earliest.map_or(d, |x| x.min(d)));
                     }
                     self.tiers[rank].push_back(e);
@@ -346,7 +342,7 @@ impl<T> Core<T> {
     #[inline]
     fn take_out(&mut self, rank: usize, e: &Entry<T>) {
         self.len -= 1;
-        let size = e.meta.size_bytes;
+        let size = e.size_bytes;
         if size != 0 {
             self.bytes[rank] -= size as u128;
             self.total_bytes -= size & self.budget_mask;
@@ -375,7 +371,7 @@ impl<T> Core<T> {
         }
         self.take_out(rank, &e);
         self.pops += 1;
-        let expired = match e.meta.deadline {
+        let expired = match e.deadline_opt() {
             None => false,
             Some(d) => d <= recent || (d <= recent + DEADLINE_WINDOW && d <= precise()),
         };
@@ -406,9 +402,9 @@ impl<T> Core<T> {
     /// refunded). Entries go back in the reverse order of their pops. Does not check the
     /// bounds: the caller does ([`has_room`](Self::has_room)).
     pub(crate) fn requeue_front(&mut self, e: Entry<T>) {
-        let rank = e.meta.criticality.rank();
-        let size = e.meta.size_bytes;
-        if let Some(d) = e.meta.deadline {
+        let rank = e.criticality.rank();
+        let size = e.size_bytes;
+        if let Some(d) = e.deadline_opt() {
             if self.earliest_deadline.is_none_or(|x| d < x) {
                 self.earliest_deadline = Some(d);
             }

@@ -53,7 +53,12 @@
 //!   none when one tier is a candidate; an item of size 0 touches no byte counter;
 //! - the precise clock is read only near a deadline (above);
 //! - [`WfqQueue::push_batch`] and [`WfqQueue::pop_batch_masked`] pay the lock, the wake-up
-//!   check and the clock read once per batch.
+//!   check and the clock read once per batch;
+//! - an [`Entry`] is held flat (40 bytes beside a `u64`, was 48 with a [`Meta`] inside it):
+//!   copying a nested `Meta` in 16-byte pieces straddled the narrower stores that had just
+//!   written it, and a pop's copy straddled the push's, so those loads waited for the stores
+//!   to retire (`perf annotate` put a third of a single-threaded push+pop on two such loads);
+//!   5-12% off a push+pop measured interleaved (`entry.rs`, BENCHMARKS.md).
 //!
 //! Instructions were not what separated the queue from `ArrayQueue` most: atomic
 //! read-modify-writes and cache lines were. `parking_lot::Mutex` takes its lock with a

@@ -871,7 +871,7 @@ impl<T> WfqQueue<T> {
                 Dequeued::Ready(e) => {
                     count += 1;
                     // A sum past `usize::MAX` exceeds any budget.
-                    match bytes.checked_add(st.core.budgeted(e.meta.size_bytes)) {
+                    match bytes.checked_add(st.core.budgeted(e.size_bytes)) {
                         Some(sum) => {
                             bytes = sum;
                             st.core.has_room(count, bytes)
@@ -890,7 +890,7 @@ impl<T> WfqQueue<T> {
         let last_kept = batch[fits..]
             .iter()
             .find_map(|d| match d {
-                Dequeued::Ready(e) => Some(e.meta.criticality),
+                Dequeued::Ready(e) => Some(e.criticality),
                 Dequeued::Expired(_) => None,
             })
             .unwrap_or(after);
