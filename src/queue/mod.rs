@@ -58,7 +58,8 @@
 //!   copying a nested `Meta` in 16-byte pieces straddled the narrower stores that had just
 //!   written it, and a pop's copy straddled the push's, so those loads waited for the stores
 //!   to retire (`perf annotate` put a third of a single-threaded push+pop on two such loads);
-//!   5-12% off a push+pop measured interleaved (`entry.rs`, BENCHMARKS.md).
+//!   10% off a push+pop loop's median and 0.3-7.4% off criterion's, measured interleaved
+//!   (`entry.rs`, BENCHMARKS.md).
 //!
 //! Instructions were not what separated the queue from `ArrayQueue` most: atomic
 //! read-modify-writes and cache lines were. `parking_lot::Mutex` takes its lock with a
