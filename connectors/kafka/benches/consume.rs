@@ -250,8 +250,15 @@ async fn triage(topic: &str) -> Timing {
             .build()
             .expect("source"),
     );
-    all_handled.notified().await;
+    // Bounded: a record that ends otherwise than completed (expired at intake, say) never
+    // reaches the handler, and an unbounded wait hung the bench instead of failing it.
+    let finished = tokio::time::timeout(Duration::from_secs(300), all_handled.notified()).await;
     let report = runtime.shutdown(Duration::from_secs(10)).await;
+    assert!(
+        finished.is_ok(),
+        "not every record reached the handler within 300 s: {:?}",
+        report.stats.ledger.total()
+    );
     assert_eq!(report.stats.ledger.total().completed, RECORDS);
     let last = *last.get().expect("stamped before the wake-up");
     Timing {
