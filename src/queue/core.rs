@@ -310,7 +310,7 @@ impl<T> Core<T> {
                     self.stats[rank].expired += 1;
                     out.push(Removed::Expired(e));
                 } else {
-                    if let Some(d) = e.deadline_opt() {
+                    if let Some(d) = e.deadline() {
                         earliest = Some(earliest.map_or(d, |x| x.min(d)));
                     }
                     self.tiers[rank].push_back(e);
@@ -371,7 +371,7 @@ impl<T> Core<T> {
         }
         self.take_out(rank, &e);
         self.pops += 1;
-        let expired = match e.deadline_opt() {
+        let expired = match e.deadline() {
             None => false,
             Some(d) => d <= recent || (d <= recent + DEADLINE_WINDOW && d <= precise()),
         };
@@ -404,7 +404,7 @@ impl<T> Core<T> {
     pub(crate) fn requeue_front(&mut self, e: Entry<T>) {
         let rank = e.criticality.rank();
         let size = e.size_bytes;
-        if let Some(d) = e.deadline_opt() {
+        if let Some(d) = e.deadline() {
             if self.earliest_deadline.is_none_or(|x| d < x) {
                 self.earliest_deadline = Some(d);
             }

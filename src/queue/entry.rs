@@ -88,20 +88,11 @@ impl<T> Entry<T> {
         Entry {
             item,
             enqueued_at: now,
-            deadline_at: match meta.deadline {
-                Some(d) => d,
-                None => now,
-            },
+            deadline_at: meta.deadline.unwrap_or(now),
             size_bytes: meta.size_bytes,
             criticality: meta.criticality,
             has_deadline: meta.deadline.is_some(),
         }
-    }
-
-    /// The deadline, without the `Option`'s branch for a caller that only compares it.
-    #[inline]
-    pub(crate) fn deadline_opt(&self) -> Option<Instant> {
-        self.has_deadline.then_some(self.deadline_at)
     }
 
     /// The item.
@@ -125,8 +116,9 @@ impl<T> Entry<T> {
     }
 
     /// Deadline given at push, if any.
+    #[inline]
     pub fn deadline(&self) -> Option<Instant> {
-        self.deadline_opt()
+        self.has_deadline.then_some(self.deadline_at)
     }
 
     /// Size given at push, in bytes.
@@ -138,7 +130,7 @@ impl<T> Entry<T> {
     pub fn meta(&self) -> Meta {
         Meta {
             criticality: self.criticality,
-            deadline: self.deadline_opt(),
+            deadline: self.deadline(),
             size_bytes: self.size_bytes,
         }
     }
@@ -164,7 +156,7 @@ impl<T> std::fmt::Debug for Entry<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Entry")
             .field("criticality", &self.criticality)
-            .field("deadline", &self.deadline_opt())
+            .field("deadline", &self.deadline())
             .field("size_bytes", &self.size_bytes)
             .field("enqueued_at", &self.enqueued_at)
             .finish_non_exhaustive()
