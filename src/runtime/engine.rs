@@ -15,10 +15,10 @@ use crate::admission::{
 use crate::ledger::Disposition;
 use crate::limit::ConcurrencyLimit;
 use crate::ordering::{Arrival, KeyGate};
-use crate::queue::{Dequeued, Meta, RefuseReason, Removed, TierMask, TryPopError, WfqQueue};
+use crate::queue::{Dequeued, Meta, Removed, TierMask, TryPopError, WfqQueue};
 use crate::runtime::intake::PullForIntake;
 use crate::runtime::item::{Accounts, Item};
-use crate::runtime::metrics::{decision_of, reason_index, CIRCUIT, EVICTED, FORCED, MEMORY, RATE};
+use crate::runtime::refusal::Refusal;
 use crate::runtime::{
     DeadLetterSink, DeferReason, DeferSink, HandlerError, RefusalPolicy, Republish, RuntimeConfig,
 };
@@ -371,7 +371,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
         // The operator's forced level refuses whatever the signals say (seed 002: one switch).
         if !admits_at(self.live.forced_level(), tier) {
-            return self.refused_as(item, FORCED, DeferReason::Forced, started);
+            return self.refused(item, Refusal::Forced, started);
         }
         // A shed tier is refused only while the workers have enough queued to do: refusal makes
         // room for more important work, and idle workers next to held work make none.
@@ -379,13 +379,13 @@ impl<T: Send + Sync + 'static> Inner<T> {
             && !admits_at(self.shed_level.load(Ordering::Relaxed), tier)
             && self.queue.len() >= self.prefetch()
         {
-            return self.refused(item, RefuseReason::Overloaded, started);
+            return self.refused(item, Refusal::Overloaded, started);
         }
         // Offered again after waiting under backpressure: back in the memory working set.
         item.unmark_waiting();
         if !self.accounts.memory.admits(tier, item.size_bytes as u64) {
             self.accounts.memory.note_refusal(tier);
-            return self.refused_as(item, MEMORY, DeferReason::Memory, started);
+            return self.refused(item, Refusal::Memory, started);
         }
         // A pulled message that would wait (Backpressure) for a full queue with nothing below
         // its tier to evict is refused on the queue's published length and backlog, without
@@ -397,11 +397,11 @@ impl<T: Send + Sync + 'static> Inner<T> {
             && self.queue.looks_full_for(tier)
             && self.policy(&item) == RefusalPolicy::Backpressure
         {
-            return self.refused(item, RefuseReason::Full, started);
+            return self.refused(item, Refusal::Full, started);
         }
         // The bucket last, so no token is spent on a message refused anyway.
         let Some(grant) = self.buckets.try_acquire(tier) else {
-            return self.refused_as(item, RATE, DeferReason::Rate, started);
+            return self.refused(item, Refusal::Rate, started);
         };
         let first_admission = !item.admitted_before;
         item.admitted_before = true;
@@ -446,8 +446,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
                     };
                     let victim = e.into_inner();
                     let t = victim.tier();
-                    self.accounts.refusals.add(t, EVICTED);
-                    if let Offer::Hold(v) = self.refuse(victim, EVICTED, DeferReason::Evicted) {
+                    self.accounts.refusals.add(t, Refusal::Evicted);
+                    if let Offer::Hold(v) = self.refuse(victim, Refusal::Evicted) {
                         // A count-bounded queue evicts at most one item per push; a byte budget
                         // may evict more, and those of a Backpressure tier go back to the queue
                         // later via the caller or a retry task.
@@ -463,12 +463,11 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 }
             }
             Err(err) => {
-                let reason = err.reason();
-                if reason == RefuseReason::Closed {
+                let Some(reason) = Refusal::from_queue(err.reason()) else {
                     // Shutting down: released unacknowledged when dropped.
                     drop(err.into_inner());
                     return Offer::Taken;
-                }
+                };
                 self.buckets.refund(grant);
                 let mut item = err.into_inner();
                 item.admitted_before = !first_admission;
@@ -481,40 +480,12 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// The refuse path: counted once per message, then the tier's policy.
     pub(crate) fn refused(
         self: &Arc<Self>,
-        item: Item<T>,
-        reason: RefuseReason,
-        started: Option<Instant>,
-    ) -> Offer<T> {
-        let defer_reason = match reason {
-            RefuseReason::Full | RefuseReason::TooLarge => DeferReason::Full,
-            _ => DeferReason::Overloaded,
-        };
-        self.refused_as(item, reason_index(reason), defer_reason, started)
-    }
-
-    /// Refused because its downstream's circuit is open: the tier's policy (dropped, deferred
-    /// with reason `circuit`, or held apart as [`Offer::CircuitHold`]), never a handler call.
-    pub(crate) fn refused_circuit(
-        self: &Arc<Self>,
-        item: Item<T>,
-        started: Option<Instant>,
-    ) -> Offer<T> {
-        match self.refused_as(item, CIRCUIT, DeferReason::Circuit, started) {
-            Offer::Hold(item) => Offer::CircuitHold(item),
-            other => other,
-        }
-    }
-
-    fn refused_as(
-        self: &Arc<Self>,
         mut item: Item<T>,
-        r: usize,
-        defer_reason: DeferReason,
+        r: Refusal,
         started: Option<Instant>,
     ) -> Offer<T> {
         let tier = item.tier();
-        item.last_refusal = r as u8;
-        self.decide(&mut item, decision_of(r));
+        self.decide(&mut item, r.decision());
         if !item.refused_before {
             // Count messages, not attempts: a held message is offered again and again.
             item.refused_before = true;
@@ -530,7 +501,20 @@ impl<T: Send + Sync + 'static> Inner<T> {
             let cost = self.clock.now().saturating_duration_since(started);
             self.reject_costs.record(seq / REJECT_SAMPLE_EVERY, cost);
         }
-        self.refuse(item, r, defer_reason)
+        self.refuse(item, r)
+    }
+
+    /// Refused because its downstream's circuit is open: the tier's policy (dropped, deferred
+    /// with reason `circuit`, or held apart as [`Offer::CircuitHold`]), never a handler call.
+    pub(crate) fn refused_circuit(
+        self: &Arc<Self>,
+        item: Item<T>,
+        started: Option<Instant>,
+    ) -> Offer<T> {
+        match self.refused(item, Refusal::Circuit, started) {
+            Offer::Hold(item) => Offer::CircuitHold(item),
+            other => other,
+        }
     }
 
     /// The load level handlers see and held messages are re-offered on: the pull-based shed
@@ -619,17 +603,15 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
     }
 
-    pub(crate) fn refuse(
-        self: &Arc<Self>,
-        item: Item<T>,
-        reason: usize,
-        defer_reason: DeferReason,
-    ) -> Offer<T> {
+    /// The policy step: what the tier's refusal policy makes of a refused (or evicted) message,
+    /// dropped, deferred or held.
+    pub(crate) fn refuse(self: &Arc<Self>, mut item: Item<T>, reason: Refusal) -> Offer<T> {
         let tier = item.tier();
+        item.last_refusal = Some(reason);
         match self.policy(&item) {
             // `DeferOrDrop` is resolved at start-up and never reaches here.
             RefusalPolicy::Drop | RefusalPolicy::DeferOrDrop => {
-                self.accounts.metrics.tiers[item.original].shed[reason].increment(1);
+                self.accounts.metrics.tiers[item.original].shed[reason.index()].increment(1);
                 self.settle(item, Disposition::Shed);
                 Offer::Taken
             }
@@ -641,7 +623,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             }
             RefusalPolicy::Defer if self.expires_before_drain(&item) => {
                 let metrics = &self.accounts.metrics.tiers[item.original];
-                metrics.shed[reason].increment(1);
+                metrics.shed[reason.index()].increment(1);
                 metrics.too_late_to_defer.increment(1);
                 self.settle(item, Disposition::Shed);
                 Offer::Taken
@@ -650,7 +632,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 Ok(permit) => {
                     let this = Arc::clone(self);
                     self.spawn(async move {
-                        this.defer_until_done(item, defer_reason).await;
+                        this.defer_until_done(item, reason.defer_reason()).await;
                         drop(permit);
                     });
                     Offer::Taken
@@ -740,7 +722,9 @@ impl<T: Send + Sync + 'static> Inner<T> {
         {
             item.unmark_waiting();
             let metrics = &self.accounts.metrics.tiers[item.original];
-            metrics.shed[usize::from(item.last_refusal)].increment(1);
+            // Every held message was refused (or evicted) before it was held.
+            let reason = item.last_refusal.unwrap_or(Refusal::Overloaded);
+            metrics.shed[reason.index()].increment(1);
             metrics.too_late_to_defer.increment(1);
             self.settle(item, Disposition::Shed);
             return Ok(());

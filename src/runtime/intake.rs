@@ -54,7 +54,7 @@ use tokio_util::sync::CancellationToken;
 use crate::queue::TierMask;
 use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::item::Item;
-use crate::runtime::metrics::{refuses_bottom_prefix, RATE};
+use crate::runtime::refusal::Refusal;
 use crate::runtime::Source;
 
 /// How a source is pulled.
@@ -71,11 +71,11 @@ pub(crate) enum Mode {
 /// Messages held under backpressure, and what the last sweep over them learned.
 struct Held<T> {
     items: VecDeque<Item<T>>,
-    /// Highest rank refused by the last sweep: tiers at or below it would be refused too
-    /// (admission sheds a bottom prefix; a full queue with nothing below a tier has nothing
+    /// Highest rank refused by the last sweep, and why: tiers at or below it would be refused
+    /// too (admission sheds a bottom prefix; a full queue with nothing below a tier has nothing
     /// below the lower ones either), so new messages of those tiers are held at once, behind
     /// the older ones, without an offer.
-    refused_floor: Option<usize>,
+    refused_floor: Option<(usize, Refusal)>,
     /// Tiers (a bit per rank) refused by their token bucket in the last sweep: a bucket is per
     /// tier, so the later messages of such a tier are held at once, behind the older ones (in
     /// order, and without an offer each that would fail the same way), until the next sweep.
@@ -263,7 +263,7 @@ impl<T: Send + Sync + 'static> Held<T> {
                 continue;
             }
             let rank = item.tier().rank();
-            if self.refused_now(rank) {
+            if self.refused_now(rank).is_some() {
                 self.items.push_back(item);
                 continue;
             }
@@ -282,19 +282,26 @@ impl<T: Send + Sync + 'static> Held<T> {
         }
     }
 
-    /// Whether a message of `rank` would be refused as one was in the last sweep.
-    fn refused_now(&self, rank: usize) -> bool {
-        self.refused_floor.is_some_and(|floor| rank <= floor)
-            || self.rate_refused & (1 << rank) != 0
+    /// Why a message of `rank` would be refused, as one was in the last sweep; `None` if it
+    /// would be offered.
+    fn refused_now(&self, rank: usize) -> Option<Refusal> {
+        match self.refused_floor {
+            Some((floor, reason)) if rank <= floor => Some(reason),
+            _ if self.rate_refused & (1 << rank) != 0 => Some(Refusal::Rate),
+            _ => None,
+        }
     }
 
-    /// Remembers a refusal of `rank` for `reason` (a `REASONS` index) until the next sweep:
-    /// the tiers at or below it for a bottom-prefix reason, that tier alone for its bucket.
-    fn note_refused(&mut self, rank: usize, reason: u8) {
-        if refuses_bottom_prefix(reason) {
-            self.refused_floor = Some(self.refused_floor.map_or(rank, |f| f.max(rank)));
-        } else if reason as usize == RATE {
-            self.rate_refused |= 1 << rank;
+    /// Remembers a refusal of `rank` for `reason` until the next sweep: the tiers at or below
+    /// it for a bottom-prefix reason, that tier alone for its bucket.
+    fn note_refused(&mut self, rank: usize, reason: Option<Refusal>) {
+        match reason {
+            Some(reason) if reason.refuses_bottom_prefix() => {
+                let floor = self.refused_floor.map_or(rank, |(f, _)| f.max(rank));
+                self.refused_floor = Some((floor, reason));
+            }
+            Some(Refusal::Rate) => self.rate_refused |= 1 << rank,
+            _ => {}
         }
     }
 
@@ -317,9 +324,10 @@ impl<T: Send + Sync + 'static> Held<T> {
                 *mean - *mean / 8 + slack / 8
             };
         }
-        if self.refused_now(rank) {
+        if let Some(reason) = self.refused_now(rank) {
             inner.held.fetch_add(1, Ordering::Relaxed);
             let mut item = item;
+            item.last_refusal = Some(reason);
             item.mark_waiting();
             self.items.push_back(item);
             return;

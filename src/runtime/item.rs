@@ -8,7 +8,8 @@ use quanta::Instant;
 
 use crate::admission::{CircuitBreaker, Decision, Decisions, MemoryBudget};
 use crate::ledger::{Disposition, Ledger};
-use crate::runtime::metrics::{Metrics, REASONS};
+use crate::runtime::metrics::Metrics;
+use crate::runtime::refusal::Refusal;
 use crate::runtime::{Ack, Envelope};
 use crate::Criticality;
 
@@ -43,28 +44,27 @@ pub(crate) struct Accounts {
     pub(crate) refusals: RefusalCounts,
 }
 
-/// Refusals per tier (rank) and reason (`REASONS` index), counted on the refuse path and added
-/// to `triage_refused_total` by the runtime's sampler (every admission tick, and at shutdown).
+/// Refusals per tier (rank) and [`Refusal`], counted on the refuse path and added to
+/// `triage_refused_total` by the runtime's sampler (every admission tick, and at shutdown).
 ///
 /// Why not the metric's handle directly: a refusal that is rare among many admissions (a held
-/// Critical message offered again at 10x, one per pop) found the handle, the exporter's counter
-/// behind it and the decision count each out of cache, and paid a memory access for every
-/// one: measured in the proving ground's worker at 10x, 1.3-1.6 µs of a refusal's 1.5-1.8 µs
-/// (the decision count 0.4-1 µs, the two refusal counters 1 µs or more), where the same
-/// refusal without them took 140 ns. Here a tier's eight reasons share one cache line (the
-/// struct is aligned to it), so a refusal touches that line and its decision count's.
+/// Critical message offered again under overload, one per pop) would find the handle, the
+/// exporter's counter behind it and the decision count each out of cache, and pay a memory
+/// access for each: several times the cost of the decision itself. Here a tier's reasons share
+/// one cache line (the struct is aligned to it), so a refusal touches that line and its
+/// decision count's. BENCHMARKS.md has the figures.
 #[repr(align(64))]
 #[derive(Default)]
 pub(crate) struct RefusalCounts {
-    counts: [[AtomicU64; REASONS.len()]; 4],
-    published: [[AtomicU64; REASONS.len()]; 4],
+    counts: [[AtomicU64; Refusal::COUNT]; 4],
+    published: [[AtomicU64; Refusal::COUNT]; 4],
 }
 
 impl RefusalCounts {
-    /// One refusal of a message of `tier` for `reason` (a `REASONS` index).
+    /// One refusal of a message of `tier` for `reason`.
     #[inline]
-    pub(crate) fn add(&self, tier: Criticality, reason: usize) {
-        self.counts[tier.rank()][reason].fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn add(&self, tier: Criticality, reason: Refusal) {
+        self.counts[tier.rank()][reason.index()].fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -155,8 +155,8 @@ pub(crate) struct Item<T> {
     pub(crate) decided: bool,
     /// Waiting under backpressure: its bytes are out of the memory budget's working set.
     waiting: bool,
-    /// The `REASONS` index of its last refusal (meaningful only once refused).
-    pub(crate) last_refusal: u8,
+    /// Why it was last refused or evicted; `None` while it never was.
+    pub(crate) last_refusal: Option<Refusal>,
     /// Its acknowledgement, until [`take_ack`](Self::take_ack) (then a no-op ack and `acked`:
     /// an `Option<Ack>` would take 8 more bytes, and an item is moved several times per
     /// message).
@@ -187,7 +187,7 @@ impl<T> Item<T> {
             circuit: None,
             decided: false,
             waiting: false,
-            last_refusal: 0,
+            last_refusal: None,
             ack: env.ack,
             acked: false,
             accounts: Arc::clone(accounts),

@@ -65,7 +65,7 @@
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, Unit};
 
-use crate::queue::RefuseReason;
+use crate::runtime::refusal::Refusal;
 use crate::{Criticality, PerTier};
 
 /// What a metric is, for its `# TYPE` and `# HELP`.
@@ -433,66 +433,11 @@ pub(crate) fn describe() {
     });
 }
 
-/// `reason` label values of `triage_refused_total` and `triage_shed_total`.
-pub(crate) const REASONS: [&str; 8] = [
-    "overloaded",
-    "full",
-    "too_large",
-    "evicted",
-    "circuit",
-    "rate",
-    "memory",
-    "forced",
-];
-
-pub(crate) fn reason_index(reason: RefuseReason) -> usize {
-    match reason {
-        RefuseReason::Overloaded => 0,
-        RefuseReason::Full => 1,
-        RefuseReason::TooLarge => 2,
-        _ => 0,
-    }
-}
-
-pub(crate) const EVICTED: usize = 3;
-
-/// Refused because the circuit of the message's downstream is open.
-pub(crate) const CIRCUIT: usize = 4;
-
-/// Refused by the tier's token bucket (and its lenders').
-pub(crate) const RATE: usize = 5;
-
-/// Refused because the bytes held passed the tier's share of the memory budget.
-pub(crate) const MEMORY: usize = 6;
-
-/// Refused by the operator's forced shed level (`forced_shed_level`), whatever the signals:
-/// counted as a capacity decision (the operator says capacity is short), under a reason of its
-/// own so that a forced refusal is told from one of the signals'.
-pub(crate) const FORCED: usize = 7;
-
-/// Whether a refusal for `reason` refuses a bottom prefix of the ladder (every tier below a
-/// refused one would be refused too), so an intake may hold lower tiers at once behind it.
-/// Rate (a bucket per tier) and circuit (a breaker per downstream) refuse tier by tier.
-pub(crate) fn refuses_bottom_prefix(reason: u8) -> bool {
-    !matches!(reason as usize, CIRCUIT | RATE)
-}
-
-/// The decision a first refusal with `REASONS` index `reason` counts as.
-pub(crate) fn decision_of(reason: usize) -> crate::admission::Decision {
-    use crate::admission::Decision;
-    match reason {
-        CIRCUIT => Decision::ShedCircuit,
-        RATE => Decision::ShedRate,
-        MEMORY => Decision::ShedMemory,
-        _ => Decision::ShedCapacity,
-    }
-}
-
 pub(crate) struct TierMetrics {
     pub(crate) consumed: Counter,
     pub(crate) admitted: Counter,
-    pub(crate) refused: [Counter; REASONS.len()],
-    pub(crate) shed: [Counter; REASONS.len()],
+    pub(crate) refused: [Counter; Refusal::COUNT],
+    pub(crate) shed: [Counter; Refusal::COUNT],
     pub(crate) decisions: [Counter; 6],
     pub(crate) bucket_fill: Gauge,
     pub(crate) deferred: Counter,
@@ -552,8 +497,9 @@ impl Metrics {
             TierMetrics {
                 consumed: counter!(CONSUMED.name, "tier" => t),
                 admitted: counter!(ADMITTED.name, "tier" => t),
-                refused: REASONS.map(|r| counter!(REFUSED.name, "tier" => t, "reason" => r)),
-                shed: REASONS.map(|r| counter!(SHED.name, "tier" => t, "reason" => r)),
+                refused: Refusal::ALL
+                    .map(|r| counter!(REFUSED.name, "tier" => t, "reason" => r.label())),
+                shed: Refusal::ALL.map(|r| counter!(SHED.name, "tier" => t, "reason" => r.label())),
                 decisions: crate::admission::Decision::ALL
                     .map(|d| counter!(DECISIONS.name, "tier" => t, "decision" => d.as_str())),
                 bucket_fill: gauge!(BUCKET_FILL.name, "tier" => t),

@@ -31,6 +31,7 @@ mod memory;
 pub mod metrics;
 mod propagation;
 mod reconfigure;
+mod refusal;
 mod report;
 mod sink;
 mod source;
@@ -65,6 +66,7 @@ use crate::queue::WfqQueue;
 use crate::ConfigError;
 use engine::Inner;
 use item::Accounts;
+use refusal::Refusal;
 
 /// A running worker runtime. Build it with [`Runtime::builder`], feed it with
 /// [`attach`](Runtime::attach), stop it with [`shutdown`](Runtime::shutdown). Dropped without
@@ -461,7 +463,11 @@ impl<T: Send + Sync + 'static> Runtime<T> {
         if inner.config().policy[tier] == RefusalPolicy::Backpressure
             && (forced || !inner.queue.admits(tier))
         {
-            let reason = if forced { metrics::FORCED } else { 0 };
+            let reason = if forced {
+                Refusal::Forced
+            } else {
+                Refusal::Overloaded
+            };
             inner.accounts.refusals.add(tier, reason);
             return Err(SubmitError::Overloaded(envelope));
         }
@@ -485,9 +491,9 @@ impl<T: Send + Sync + 'static> Runtime<T> {
                 inner.hold_in_task(item);
                 Ok(())
             }
-            engine::Offer::Hold(item) => match (item.last_refusal as usize, item.hand_back()) {
-                (metrics::RATE, Ok(envelope)) => Err(SubmitError::RateLimited(envelope)),
-                (metrics::MEMORY, Ok(envelope)) => Err(SubmitError::Memory(envelope)),
+            engine::Offer::Hold(item) => match (item.last_refusal, item.hand_back()) {
+                (Some(Refusal::Rate), Ok(envelope)) => Err(SubmitError::RateLimited(envelope)),
+                (Some(Refusal::Memory), Ok(envelope)) => Err(SubmitError::Memory(envelope)),
                 (_, Ok(envelope)) => Err(SubmitError::Full(envelope)),
                 (_, Err(item)) => {
                     inner.hold_in_task(item);

@@ -41,8 +41,8 @@ use std::sync::{Arc, Weak};
 
 use crate::limit::{Fixed, Limiter};
 use crate::runtime::engine::{Inner, Offer};
-use crate::runtime::metrics::EVICTED;
-use crate::runtime::{DeferReason, RuntimeConfig};
+use crate::runtime::refusal::Refusal;
+use crate::runtime::RuntimeConfig;
 use crate::{ConfigError, PerTier};
 
 /// The settings that cannot change while the runtime runs, with why: a reconfiguration that
@@ -284,10 +284,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
             let victim = entry.into_inner();
             let tier = victim.tier();
             evicted[tier] += 1;
-            self.accounts.refusals.add(tier, EVICTED);
-            if let Offer::Hold(v) | Offer::Evicted(v) =
-                self.refuse(victim, EVICTED, DeferReason::Evicted)
-            {
+            self.accounts.refusals.add(tier, Refusal::Evicted);
+            if let Offer::Hold(v) | Offer::Evicted(v) = self.refuse(victim, Refusal::Evicted) {
                 self.hold_in_task(v);
             }
         }
