@@ -1,9 +1,14 @@
 //! Model test of the key-ordering bookkeeping: random arrivals, dispatches, completions,
 //! failures with retries, expiries (in the queue and while parked), evictions (shed, or held
 //! under backpressure and re-admitted) run through the [`KeyGate`] with the release protocol
-//! the runtime follows (`Inner::settle` -> `release_key`). After every step: no two messages of
-//! one key are inside the runtime together, and every key's dispositions, completions among
-//! them, are in arrival (offset) order. At the end, every message has exactly one disposition.
+//! the runtime follows (`Inner::settle` -> `release_key`), and recalls: a source takes back
+//! every message of one of its streams (a Kafka partition revoked), so the parked ones leave the
+//! gate (`KeyGate::drain_where`), those queued, held or waiting to retry are released and free
+//! their key, and those running finish (a retry of theirs is released when it would start).
+//! After every step: no two messages of one key are inside the runtime together, nothing taken
+//! back is parked or inside but what was running, and every key's dispositions, completions
+//! among them, are in arrival (offset) order. At the end, every message has exactly one end: a
+//! disposition, or released.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -32,7 +37,12 @@ enum Action {
     Evict { n: usize, shed: bool },
     /// The `n`-th held message is admitted again (queued).
     Readmit(usize),
+    /// The source takes back every message of `stream` it delivered so far.
+    Recall { stream: u8 },
 }
+
+/// Streams (partitions) the keys are spread over: a key's messages are all of one stream.
+const STREAMS: u8 = 2;
 
 fn action() -> impl Strategy<Value = Action> {
     prop_oneof![
@@ -45,6 +55,7 @@ fn action() -> impl Strategy<Value = Action> {
         1 => (0..8usize).prop_map(Action::Expire),
         1 => (0..8usize, any::<bool>()).prop_map(|(n, shed)| Action::Evict { n, shed }),
         2 => (0..8usize).prop_map(Action::Readmit),
+        1 => (0..STREAMS).prop_map(|stream| Action::Recall { stream }),
     ]
 }
 
@@ -62,6 +73,8 @@ enum End {
     Failed,
     Expired,
     Shed,
+    /// Handed back unprocessed (recalled): no disposition; the broker redelivers it.
+    Released,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -70,6 +83,14 @@ struct Msg {
     offset: u64,
     attempt: u32,
     expires_parked: bool,
+    /// Its stream's recall epoch when it arrived: older than the stream's now, taken back.
+    epoch: u32,
+}
+
+impl Msg {
+    fn stream(&self) -> usize {
+        (self.key % u64::from(STREAMS)) as usize
+    }
 }
 
 const MAX_RETRIES: u32 = 2;
@@ -82,6 +103,13 @@ struct Sim {
     /// Per key, every disposition in the order it happened: (offset, how).
     ends: BTreeMap<u64, Vec<(u64, End)>>,
     arrived: u64,
+    /// Per stream, how many recalls it had.
+    epochs: [u32; STREAMS as usize],
+    /// Offsets of the messages running when their stream was recalled: the only ones taken
+    /// back that may stay inside (with their retries) until they end.
+    running_at_recall: HashSet<u64>,
+    /// Every message that arrived, by offset.
+    all: Vec<Msg>,
 }
 
 impl Sim {
@@ -126,6 +154,10 @@ impl Sim {
         self.inside.swap_remove(i).0
     }
 
+    fn recalled(&self, msg: &Msg) -> bool {
+        msg.epoch < self.epochs[msg.stream()]
+    }
+
     fn step(&mut self, action: Action) {
         match action {
             Action::Arrive {
@@ -137,8 +169,10 @@ impl Sim {
                     offset: self.arrived,
                     attempt: 0,
                     expires_parked,
+                    epoch: self.epochs[usize::from(key % STREAMS)],
                 };
                 self.arrived += 1;
+                self.all.push(msg);
                 match self.gate.arrive(msg.key, msg, self.clock.now()) {
                     Arrival::Admitted(msg) => self.inside.push((msg, Phase::Queued)),
                     Arrival::Parked => {}
@@ -147,7 +181,13 @@ impl Sim {
             }
             Action::Start(n) => {
                 if let Some(i) = self.nth(Phase::Queued, n) {
-                    self.inside[i].1 = Phase::Running;
+                    if self.recalled(&self.inside[i].0) {
+                        // The last check before a handler: taken back, released, never run.
+                        let msg = self.take(i);
+                        self.settle(msg, End::Released);
+                    } else {
+                        self.inside[i].1 = Phase::Running;
+                    }
                 }
             }
             Action::Complete(n) => {
@@ -193,6 +233,35 @@ impl Sim {
                     self.inside[i].1 = Phase::Queued;
                 }
             }
+            Action::Recall { stream } => {
+                let stream = usize::from(stream);
+                self.epochs[stream] += 1;
+                // The parked first: releasing a key below must not let one of them through.
+                let epochs = self.epochs;
+                let mut parked = self
+                    .gate
+                    .drain_where(|m| m.stream() == stream && m.epoch < epochs[stream]);
+                parked.sort_by_key(|m| m.offset);
+                for msg in parked {
+                    self.ends
+                        .entry(msg.key)
+                        .or_default()
+                        .push((msg.offset, End::Released));
+                }
+                let mut i = 0;
+                while i < self.inside.len() {
+                    let (msg, phase) = self.inside[i];
+                    if !self.recalled(&msg) {
+                        i += 1;
+                    } else if phase == Phase::Running {
+                        self.running_at_recall.insert(msg.offset);
+                        i += 1;
+                    } else {
+                        let msg = self.take(i);
+                        self.settle(msg, End::Released);
+                    }
+                }
+            }
         }
     }
 
@@ -213,18 +282,46 @@ impl Sim {
             "every message is parked, inside or ended"
         );
         for (key, ends) in &self.ends {
+            // A released message gets no disposition here: the broker delivers it again.
+            let settled: Vec<&(u64, End)> =
+                ends.iter().filter(|(_, e)| *e != End::Released).collect();
             prop_assert!(
-                ends.windows(2).all(|w| w[0].0 < w[1].0),
+                settled.windows(2).all(|w| w[0].0 < w[1].0),
                 "key {key}: dispositions out of offset order: {ends:?}"
             );
         }
+        for (msg, _) in &self.inside {
+            prop_assert!(
+                !self.recalled(msg) || self.running_at_recall.contains(&msg.offset),
+                "taken back, yet inside without having run: {msg:?}"
+            );
+        }
+        // Parked: arrived, neither ended nor inside.
+        let ended: HashSet<u64> = self.ends.values().flatten().map(|(o, _)| *o).collect();
+        let inside: HashSet<u64> = self.inside.iter().map(|(m, _)| m.offset).collect();
+        let parked_recalled: Vec<&Msg> = self
+            .all
+            .iter()
+            .filter(|m| {
+                self.recalled(m) && !ended.contains(&m.offset) && !inside.contains(&m.offset)
+            })
+            .collect();
+        prop_assert!(
+            parked_recalled.is_empty(),
+            "taken back, yet parked: {parked_recalled:?}"
+        );
         Ok(())
     }
 
     /// Serves everything left: every message inside completes, which lets the parked through.
     fn finish(&mut self) {
-        while let Some((msg, _)) = self.inside.pop() {
-            self.settle(msg, End::Completed);
+        while let Some((msg, phase)) = self.inside.pop() {
+            let end = if self.recalled(&msg) && phase != Phase::Running {
+                End::Released
+            } else {
+                End::Completed
+            };
+            self.settle(msg, end);
         }
     }
 }
@@ -248,6 +345,9 @@ proptest! {
             inside: Vec::new(),
             ends: BTreeMap::new(),
             arrived: 0,
+            epochs: [0; STREAMS as usize],
+            running_at_recall: HashSet::new(),
+            all: Vec::new(),
         };
         for action in actions {
             sim.step(action);

@@ -169,6 +169,55 @@ impl<T> KeyGate<T> {
             .unwrap_or(Duration::ZERO)
     }
 
+    /// Takes out every parked message for which `pred` returns `true` and hands them back,
+    /// oldest first within each key; the others stay parked in their order. The keys stay as
+    /// they were: a busy key stays busy until its message past the gate is released (which
+    /// then lets through the next message still parked, if any). For a caller that must
+    /// withdraw some of what it parked without serving it: the messages of a source that lost
+    /// them (a revoked partition), or those that have waited as long as their broker allows.
+    ///
+    /// Visits every parked message once, under the gate's lock: for events, not for every
+    /// message.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use triage::ordering::KeyGate;
+    ///
+    /// let gate = KeyGate::new();
+    /// let now = triage::quanta::Clock::new().now();
+    /// // (partition, offset); key 7's first message is past the gate.
+    /// for m in [(0, 1), (0, 2), (1, 3), (0, 4)] {
+    ///     let _ = gate.arrive(7, m, now);
+    /// }
+    /// // Partition 1 was revoked: its parked message leaves, the others wait on.
+    /// assert_eq!(gate.drain_where(|&(p, _)| p == 1), [(1, 3)]);
+    /// assert_eq!(gate.parked(), 2);
+    /// assert_eq!(gate.release_next(7), Some((0, 2)));
+    /// ```
+    pub fn drain_where(&self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
+        let mut st = self.state.lock();
+        let mut out = Vec::new();
+        for lane in st.lanes.values_mut() {
+            if !lane.iter().any(|(item, _)| pred(item)) {
+                continue;
+            }
+            // Rotate the lane once through itself: the others keep their order.
+            for _ in 0..lane.len() {
+                let Some((item, at)) = lane.pop_front() else {
+                    break;
+                };
+                if pred(&item) {
+                    out.push(item);
+                } else {
+                    lane.push_back((item, at));
+                }
+            }
+        }
+        self.parked.fetch_sub(out.len(), Ordering::Relaxed);
+        out
+    }
+
     /// Closes the gate (shutdown): returns every parked message, oldest first per key, and
     /// hands back every later arrival. Keys stay busy until their message past the gate is
     /// released, which then frees them.
@@ -201,6 +250,32 @@ mod tests {
         assert_eq!(gate.keys_in_flight(), 1);
         assert_eq!(gate.release_next(1), None);
         assert_eq!(gate.keys_in_flight(), 0);
+    }
+
+    #[test]
+    fn drain_where_takes_the_matching_parked_and_keeps_the_keys_busy() {
+        let gate = KeyGate::new();
+        let now = quanta::Clock::new().now();
+        assert_eq!(gate.arrive(1, 10, now), Arrival::Admitted(10));
+        for m in [11, 12, 13, 14] {
+            assert_eq!(gate.arrive(1, m, now), Arrival::Parked);
+        }
+        assert_eq!(gate.arrive(2, 20, now), Arrival::Admitted(20));
+        assert_eq!(gate.arrive(2, 21, now), Arrival::Parked);
+        let mut odd = gate.drain_where(|m| m % 2 == 1);
+        odd.sort_unstable();
+        assert_eq!(odd, vec![11, 13, 21]);
+        assert_eq!(gate.parked(), 2);
+        assert_eq!(gate.drain_where(|_| false), Vec::<u32>::new());
+        // Both keys stay busy; key 2 is freed by its message's release, key 1 goes on in order.
+        assert_eq!(gate.keys_in_flight(), 2);
+        assert_eq!(gate.arrive(2, 22, now), Arrival::Parked);
+        assert_eq!(gate.release_next(1), Some(12));
+        assert_eq!(gate.release_next(1), Some(14));
+        assert_eq!(gate.release_next(1), None);
+        assert_eq!(gate.release_next(2), Some(22));
+        assert_eq!(gate.release_next(2), None);
+        assert_eq!((gate.parked(), gate.keys_in_flight()), (0, 0));
     }
 
     #[test]
