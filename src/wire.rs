@@ -28,6 +28,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use quanta::Instant;
+
 use crate::{Criticality, ParseCriticalityError};
 
 /// Criticality as classified at the source, before retry demotion: `critical`, `high`,
@@ -82,6 +84,46 @@ pub const RETRY_AFTER: &str = "retry-after";
 /// The longest [`RETRY_AFTER`] triage parses or writes: one day. A longer value is more likely
 /// corrupt than meant, and a client must not sleep for ever on it.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(86_400);
+
+/// The furthest ahead a deadline from outside (a header, a relative timeout) is kept: one
+/// year. A longer one is held to it, so that no value a client sends can overflow the clock's
+/// arithmetic; a request or message that may wait a year has, for overload control, no
+/// deadline.
+pub const MAX_DEADLINE_AHEAD: Duration = Duration::from_secs(365 * 86_400);
+
+/// The instant `ahead` after `now`, saturating: `ahead` is held to [`MAX_DEADLINE_AHEAD`]. The
+/// one way to turn time left that came from outside (a [`DEADLINE_MS`] minus the wall clock, a
+/// [`GRPC_TIMEOUT`], a broker's TTL) into a deadline on the clock, where `now + ahead` would
+/// panic for a large enough value. Never panics: from an instant so late that even the held
+/// value does not fit (within a year of the clock's end, which no clock reaches), the latest
+/// instant found by halving `ahead` is returned.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use triage::wire;
+///
+/// let (clock, _mock) = triage::quanta::Clock::mock();
+/// let now = clock.now();
+/// assert_eq!(wire::deadline_after(now, Duration::from_millis(250)) - now, Duration::from_millis(250));
+/// // 99999999H, a valid grpc-timeout: held to a year, no panic.
+/// let far = wire::parse_grpc_timeout(b"99999999H").unwrap();
+/// assert_eq!(wire::deadline_after(now, far) - now, wire::MAX_DEADLINE_AHEAD);
+/// ```
+#[inline]
+pub fn deadline_after(now: Instant, ahead: Duration) -> Instant {
+    let mut ahead = ahead.min(MAX_DEADLINE_AHEAD);
+    loop {
+        if let Some(at) = now.checked_add(ahead) {
+            return at;
+        }
+        if ahead.is_zero() {
+            return now;
+        }
+        ahead /= 2;
+    }
+}
 
 /// Every header name triage writes. When a message is re-published, original headers with one
 /// of these names are replaced, never duplicated, so the first occurrence is the current one.
@@ -172,9 +214,11 @@ pub fn parse_grpc_timeout(value: &[u8]) -> Option<Duration> {
     let n = digits
         .iter()
         .fold(0u64, |n, &b| n * 10 + u64::from(b - b'0'));
+    // At most 8 digits, so no product overflows; saturating all the same, as every sum or
+    // product fed by a header is.
     Some(match unit {
-        b'H' => Duration::from_secs(n * 3600),
-        b'M' => Duration::from_secs(n * 60),
+        b'H' => Duration::from_secs(n.saturating_mul(3600)),
+        b'M' => Duration::from_secs(n.saturating_mul(60)),
         b'S' => Duration::from_secs(n),
         b'm' => Duration::from_millis(n),
         b'u' => Duration::from_micros(n),
@@ -385,5 +429,86 @@ mod tests {
             assert!(ALL[i + 1..].iter().all(|b| a != b));
         }
         assert!(!is_triage_header("x-other"));
+    }
+
+    mod props {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        /// Header values as a client may send them: anything, and the shapes near the parsers'
+        /// edges (long digit runs, a unit after them, signs and spaces).
+        fn header_value() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..32),
+                "[ \t]?[0-9]{0,25}[HMSmun]?[ \t]?".prop_map(String::into_bytes),
+                "[-+]?[0-9]{1,20}".prop_map(String::into_bytes),
+            ]
+        }
+
+        proptest! {
+            /// Every parser takes any bytes without panicking, and what it returns is within
+            /// its documented bounds.
+            #[test]
+            fn parsers_take_any_bytes(value in header_value()) {
+                let _ = parse_criticality(&value);
+                if let Some(n) = parse_count(&value) {
+                    prop_assert_eq!(parse_count(n.to_string().as_bytes()), Some(n));
+                }
+                if let Some(at) = parse_deadline_ms(&value) {
+                    prop_assert!(at >= UNIX_EPOCH);
+                    prop_assert_eq!(parse_deadline_ms(format_deadline_ms(at).as_bytes()), Some(at));
+                }
+                if let Some(wait) = parse_retry_after(&value) {
+                    prop_assert!(wait <= MAX_RETRY_AFTER);
+                }
+                let _ = parse_grpc_timeout(&value);
+            }
+
+            /// A deadline from any header, on a clock at any reading, is an instant at or after
+            /// now and at most `MAX_DEADLINE_AHEAD` later: `now + ahead` never panics.
+            #[test]
+            fn deadlines_from_outside_saturate(
+                value in header_value(),
+                clock_ns in prop_oneof![0..u64::MAX / 2, u64::MAX - 1_000_000_000_000..=u64::MAX],
+                wall_ms in 0u64..4_000_000_000_000,
+            ) {
+                let (clock, mock) = quanta::Clock::mock();
+                mock.increment(Duration::from_nanos(clock_ns));
+                let now = clock.now();
+                let wall = UNIX_EPOCH + Duration::from_millis(wall_ms);
+                let from_deadline = parse_deadline_ms(&value)
+                    .map(|d| d.duration_since(wall).unwrap_or(Duration::ZERO));
+                let from_timeout = parse_grpc_timeout(&value);
+                for ahead in [from_deadline, from_timeout].into_iter().flatten() {
+                    let at = deadline_after(now, ahead);
+                    prop_assert!(at >= now);
+                    let got = at.duration_since(now);
+                    prop_assert!(got <= ahead.min(MAX_DEADLINE_AHEAD));
+                    if now.checked_add(MAX_DEADLINE_AHEAD).is_some() {
+                        prop_assert_eq!(got, ahead.min(MAX_DEADLINE_AHEAD));
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn the_reported_headers_saturate() {
+            let (clock, mock) = quanta::Clock::mock();
+            mock.increment(Duration::from_secs(1));
+            let now = clock.now();
+            let grpc = parse_grpc_timeout(b"99999999H").unwrap();
+            assert_eq!(grpc, Duration::from_secs(99_999_999 * 3600));
+            assert_eq!(deadline_after(now, grpc) - now, MAX_DEADLINE_AHEAD);
+            let ms = parse_deadline_ms(b"99999999999999").unwrap();
+            let ahead = ms.duration_since(UNIX_EPOCH).unwrap();
+            assert_eq!(deadline_after(now, ahead) - now, MAX_DEADLINE_AHEAD);
+            assert_eq!(deadline_after(now, Duration::MAX) - now, MAX_DEADLINE_AHEAD);
+            // A clock at its very end: the latest instant that fits, never a panic.
+            let (clock, mock) = quanta::Clock::mock();
+            mock.increment(Duration::from_nanos(u64::MAX - 5));
+            let end = clock.now();
+            let at = deadline_after(end, Duration::from_secs(1));
+            assert!(at >= end && at - end <= Duration::from_nanos(5));
+        }
     }
 }

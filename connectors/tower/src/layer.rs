@@ -12,7 +12,7 @@ use http_body_util::Full;
 use tower::Layer;
 use triage::limit::ConcurrencyLimit;
 use triage::quanta::{Clock, Instant};
-use triage::{ConfigError, Criticality, PerTier};
+use triage::{wire, ConfigError, Criticality, PerTier};
 
 use crate::classify::{self, Classifier};
 use crate::metrics::Handles;
@@ -362,7 +362,8 @@ impl Shared {
         let window = classify::remaining(head).unwrap_or(self.config.tier_window[tier]);
         Decided {
             tier,
-            deadline: started + window,
+            // Time left from a header may be anything a client writes: saturating.
+            deadline: wire::deadline_after(started, window),
             id,
             grpc: classify::is_grpc(head),
             started,
@@ -385,7 +386,8 @@ impl Shared {
         let rendered = match self.rendered.get(index) {
             Some(r) if wait == least => r,
             _ => {
-                let refusal = Refusal::new(reason, d.tier, wait + Duration::from_secs(jitter));
+                let wait = wait.saturating_add(Duration::from_secs(jitter));
+                let refusal = Refusal::new(reason, d.tier, wait);
                 fresh = Rendered::new(&refusal);
                 &fresh
             }
