@@ -75,6 +75,27 @@ pub trait Gate: Send + Sync + 'static {
     ///
     /// The refusal to answer with.
     fn check(&self, tier: Criticality, head: &http::request::Parts) -> Result<(), GateRefusal>;
+
+    /// What the layer calls for each request: by default [`check`](Self::check). A gate that
+    /// takes something for the request it lets through (a token, a circuit's probe slot)
+    /// takes it here, and may leave in `head.extensions` what a layer inside needs (the
+    /// probe, for [`CircuitFeedbackLayer`](crate::CircuitFeedbackLayer) to report on).
+    ///
+    /// # Errors
+    ///
+    /// As [`check`](Self::check); a refused request took nothing.
+    fn enter(&self, tier: Criticality, head: &mut http::request::Parts) -> Result<(), GateRefusal> {
+        self.check(tier, head)
+    }
+
+    /// A request that [`enter`](Self::enter) let through is answered without being served
+    /// (a later gate refused it, its deadline passed, there was no capacity, a more important
+    /// request evicted it while it waited): give back what `enter` took for it, as the core's
+    /// buckets give back a token spent on a message the queue then refuses. Called at most
+    /// once per request, never for one that is served. By default nothing.
+    fn refund(&self, tier: Criticality, head: &mut http::request::Parts) {
+        let _ = (tier, head);
+    }
 }
 
 impl<F> Gate for F

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use triage::admission::{Breakers, BucketsConfig, CircuitState, TierBuckets};
+use triage::admission::{Breakers, BucketsConfig, CircuitState, Grant, TierBuckets};
 use triage::quanta::Clock;
 use triage::{ConfigError, Criticality, PerTier};
 
@@ -86,12 +86,59 @@ impl RateGate {
     }
 }
 
+/// A token a [`RateGate`] borrowed from a lender's bucket for a request, kept in the
+/// request's extensions until it is served or refunded. A token from the tier's own bucket
+/// (the common case) is not recorded: no allocation on the way in, and a refund without this
+/// record goes to the tier's own bucket.
+#[derive(Clone, Copy)]
+struct BorrowedToken {
+    /// The gate's buckets, so another rate gate on the same request does not refund it.
+    gate: usize,
+    lender: Criticality,
+}
+
+impl RateGate {
+    fn id(&self) -> usize {
+        std::ptr::from_ref(&self.buckets) as usize
+    }
+}
+
 impl Gate for RateGate {
     fn check(&self, tier: Criticality, _head: &Parts) -> Result<(), GateRefusal> {
         match self.buckets.try_acquire(tier) {
             Some(_) => Ok(()),
             None => Err(GateRefusal::rate(self.refill[tier])),
         }
+    }
+
+    fn enter(&self, tier: Criticality, head: &mut Parts) -> Result<(), GateRefusal> {
+        match self.buckets.try_acquire(tier) {
+            Some(Grant::Borrowed(lender)) => {
+                head.extensions.insert(BorrowedToken {
+                    gate: self.id(),
+                    lender,
+                });
+                Ok(())
+            }
+            Some(_) => Ok(()),
+            None => Err(GateRefusal::rate(self.refill[tier])),
+        }
+    }
+
+    /// Gives the request's token back to the bucket it came from, as
+    /// [`TierBuckets::refund`] does for a message the queue refuses: a request refused for
+    /// another reason (expired, no capacity) must not also spend the tier's rate.
+    fn refund(&self, tier: Criticality, head: &mut Parts) {
+        let grant = match head.extensions.get::<BorrowedToken>() {
+            Some(b) if b.gate == self.id() => {
+                let lender = b.lender;
+                head.extensions.remove::<BorrowedToken>();
+                Grant::Borrowed(lender)
+            }
+            // A tier without a bucket took nothing, and a refund to it is nothing.
+            _ => Grant::Own(tier),
+        };
+        self.buckets.refund(grant);
     }
 }
 

@@ -33,7 +33,8 @@ type IdOf = Arc<dyn Fn(&Parts) -> Option<&[u8]> + Send + Sync>;
 /// 2. the [`Classifier`] gives its tier (demoted per retry) and the deadline comes from
 ///    `triage-deadline-ms`, `grpc-timeout` or the tier's window;
 /// 3. each [`Gate`] may refuse it (a token bucket: 429; an open circuit: 503 with a longer
-///    `Retry-After`);
+///    `Retry-After`); what a gate took for a request refused later (a token, a probe slot) is
+///    given back ([`Gate::refund`]);
 /// 4. it takes a slot of the shared concurrency limit, at once when nobody waits, else it
 ///    waits in the [`EntryAdmission`] queue (weighted-fair, bounded, queue-age cut-offs):
 ///    refused at once when not admitted, refused when evicted, answered when its deadline
@@ -367,6 +368,14 @@ impl Shared {
             id,
             grpc: classify::is_grpc(head),
             started,
+        }
+    }
+
+    /// Gives back what the first `passed` gates took for a request refused after them, the
+    /// last one first.
+    pub(crate) fn refund(&self, tier: Criticality, head: &mut Parts, passed: usize) {
+        for gate in self.gates[..passed].iter().rev() {
+            gate.refund(tier, head);
         }
     }
 

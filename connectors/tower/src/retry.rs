@@ -24,9 +24,12 @@ use triage::wire;
 ///   between all clones, as the default does): when overload makes most requests fail,
 ///   retries stop at that fraction instead of multiplying the load ("cap retries as a
 ///   fraction of traffic, not as a count per request"). Also at most
-///   [`RetryConfig::max_retries`] per request.
-/// - Stamps `triage-attempt` on each retry, so the server demotes it one level: first
-///   attempts win, retries lose.
+///   [`RetryConfig::max_retries`] per request, counting the attempts it had already been
+///   through when it was handed to this client (its `triage-attempt`: a request forwarded by
+///   a service that retried it before).
+/// - Stamps `triage-attempt` on each retry, one more than the request had, so the server
+///   demotes it one level further: first attempts win, retries lose. It never lowers the
+///   attempt a request already carries.
 ///
 /// Requests must have a `Clone` body (`String`, `Bytes`, `Full<Bytes>`, `Empty<Bytes>`).
 /// Keep the `x-request-id` of the first attempt on retries (a clone does) so the server can
@@ -102,10 +105,21 @@ impl RetryAfterPolicy {
         }
     }
 
-    /// Retries so far for the request this policy instance follows.
+    /// Retries so far for the request this policy instance follows, including those it had
+    /// been through before (its `triage-attempt` when first retried); 0 before its first
+    /// retry.
     pub fn attempt(&self) -> u32 {
         self.attempt
     }
+}
+
+/// The retries a request has been through, from its `triage-attempt` (0 when absent or
+/// malformed).
+fn attempts_of<B>(req: &Request<B>) -> u32 {
+    req.headers()
+        .get(crate::names::ATTEMPT)
+        .and_then(|v| wire::parse_count(v.as_bytes()))
+        .unwrap_or(0)
 }
 
 /// Whether a response says "overloaded, come back later", and the wait it asks for.
@@ -124,10 +138,12 @@ pub fn overload_wait<B>(response: &Response<B>) -> Option<Option<Duration>> {
             if grpc != 14 && grpc != 8 {
                 return None;
             }
+            // Held to the longest Retry-After, as a Retry-After is: a client must not sleep
+            // for weeks on one header.
             let pushback = headers
                 .get(wire::GRPC_RETRY_PUSHBACK_MS)
                 .and_then(|v| wire::parse_count(v.as_bytes()))
-                .map(|ms| Duration::from_millis(u64::from(ms)));
+                .map(|ms| Duration::from_millis(u64::from(ms)).min(wire::MAX_RETRY_AFTER));
             Some(pushback.or(retry_after))
         }
         _ => None,
@@ -149,10 +165,14 @@ impl<B: Clone, R, E> Policy<Request<B>, Response<R>, E> for RetryAfterPolicy {
             Ok(response) => overload_wait(response)?,
             Err(_) => None,
         };
-        if self.attempt >= self.backoff.max_retries || !self.budget.withdraw() {
+        // The request's own count, which this policy stamps on every retry, or was given by
+        // whoever sent it first: the larger, so a retry is never demoted less than the
+        // attempt that was refused.
+        let before = attempts_of(req).max(self.attempt);
+        if before >= self.backoff.max_retries || !self.budget.withdraw() {
             return None;
         }
-        self.attempt += 1;
+        self.attempt = before.saturating_add(1);
         let wait = self
             .backoff
             .backoff(self.attempt)

@@ -172,12 +172,15 @@ where
             };
         }
         let d = shared.decide(&head);
-        for gate in &shared.gates {
-            if let Err(g) = gate.check(d.tier, &head) {
+        for (i, gate) in shared.gates.iter().enumerate() {
+            if let Err(g) = gate.enter(d.tier, &mut head) {
+                shared.refund(d.tier, &mut head, i);
                 return ResponseFuture::refused(shared.refuse(&d, g.reason, g.retry_after));
             }
         }
+        let passed = shared.gates.len();
         if d.deadline <= d.started {
+            shared.refund(d.tier, &mut head, passed);
             return ResponseFuture::refused(shared.refuse(&d, RefusalReason::Expired, None));
         }
         if let Some(permit) = shared.admission.try_now(d.tier) {
@@ -192,7 +195,10 @@ where
         }
         let wait = match shared.admission.start_wait(d.tier, Some(d.deadline)) {
             Ok(wait) => wait,
-            Err(reason) => return ResponseFuture::refused(shared.refuse(&d, reason, None)),
+            Err(reason) => {
+                shared.refund(d.tier, &mut head, passed);
+                return ResponseFuture::refused(shared.refuse(&d, reason, None));
+            }
         };
         // The service made ready by `poll_ready` goes with the request; a clone stays.
         let clone = self.inner.clone();
@@ -209,7 +215,10 @@ where
                             slot.finish();
                             out.map(|r| r.map(Either::Left))
                         }
-                        Err(reason) => Ok(shared.refuse(&d, reason, None).map(Either::Right)),
+                        Err(reason) => {
+                            shared.refund(d.tier, &mut head, passed);
+                            Ok(shared.refuse(&d, reason, None).map(Either::Right))
+                        }
                     }
                 }),
             },

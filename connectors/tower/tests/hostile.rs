@@ -173,3 +173,155 @@ mod any_headers {
         }
     }
 }
+
+/// Item 6 of issue 30: `RetryAfterPolicy` stamped its own count over the request's
+/// `triage-attempt` (a request sent with attempt 2 was retried with 1, so the server demoted
+/// the retry less than the refused attempt), and `max_retries` ignored earlier attempts.
+#[tokio::test(start_paused = true)]
+async fn the_retry_policy_never_lowers_the_attempt_and_counts_earlier_ones() {
+    use std::sync::Arc;
+    use tower::retry::budget::TpsBudget;
+    use tower::retry::RetryLayer;
+    use triage::runtime::RetryConfig;
+    use triage_tower::RetryAfterPolicy;
+
+    // Answers 503 (Retry-After 1) to everything, recording the attempt each call carried.
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let server = service_fn({
+        let seen = Arc::clone(&seen);
+        move |req: Request<String>| {
+            seen.lock().push(
+                req.headers()
+                    .get(wire::ATTEMPT)
+                    .map(|v| v.to_str().unwrap().to_owned()),
+            );
+            let mut res = Response::new(String::new());
+            *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            res.headers_mut()
+                .insert(wire::RETRY_AFTER, http::HeaderValue::from_static("1"));
+            async move { Ok::<_, Infallible>(res) }
+        }
+    });
+    let policy = RetryAfterPolicy::new(
+        RetryConfig {
+            max_retries: 3,
+            base_backoff_ms: 1,
+            max_backoff_ms: 1,
+        },
+        Arc::new(TpsBudget::new(Duration::from_secs(10), 1_000, 1.0)),
+    );
+    let client = tower::ServiceBuilder::new()
+        .layer(RetryLayer::new(policy))
+        .service(server);
+    let send = |attempt: Option<&'static str>| {
+        let client = client.clone();
+        async move {
+            let mut req = get("/");
+            if let Some(a) = attempt {
+                req = req.header(wire::ATTEMPT, a);
+            }
+            client
+                .oneshot(req.body(String::new()).unwrap())
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    let attempts = |seen: &parking_lot::Mutex<Vec<Option<String>>>| {
+        std::mem::take(&mut *seen.lock())
+            .into_iter()
+            .map(|a| a.unwrap_or_default())
+            .collect::<Vec<_>>()
+    };
+    // A first attempt: retried three times, 1, 2, 3.
+    assert_eq!(send(None).await, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(attempts(&seen), ["", "1", "2", "3"]);
+    // Sent as attempt 2 (retried twice before): one more retry, as attempt 3.
+    assert_eq!(send(Some("2")).await, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(attempts(&seen), ["2", "3"]);
+    // Sent as attempt 3: max_retries reached already, not retried.
+    assert_eq!(send(Some("3")).await, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(attempts(&seen), ["3"]);
+    // A malformed attempt counts as none.
+    assert_eq!(send(Some("x")).await, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(attempts(&seen), ["x", "1", "2", "3"]);
+}
+
+/// Item 7 of issue 30: the rate gate spent a token on a request then refused for another
+/// reason (an expired request's 503 took a Medium token, so the next valid request got 429
+/// with nothing served). A request refused after the gate gives its token back, as the core's
+/// buckets do for a message the queue refuses.
+#[tokio::test]
+async fn a_request_refused_after_the_rate_gate_gives_its_token_back() {
+    use std::sync::Arc;
+    use tokio::sync::Semaphore;
+    use triage::admission::{BucketConfig, BucketsConfig, QueueAgeConfig};
+    use triage::queue::WfqConfig;
+    use triage_tower::{RateGate, RefusalReason};
+
+    // Three Medium tokens, never refilled (the gate's clock is a mock that does not move).
+    let (clock, _mock) = triage::quanta::Clock::mock();
+    let buckets = BucketsConfig::default().with(
+        Criticality::Medium,
+        Some(BucketConfig::per_second(0.001).burst(3)),
+    );
+    let mut config = TriageConfig::default();
+    config.queue = WfqConfig::with_capacity(1);
+    config.queue.admission = QueueAgeConfig::disabled();
+    let layer = TriageLayer::builder(config, limit(1))
+        .gate(RateGate::with_clock(&buckets, clock).unwrap())
+        .build()
+        .unwrap();
+    let release = Arc::new(Semaphore::new(0));
+    let service = layer.layer(service_fn({
+        let release = Arc::clone(&release);
+        move |_req: Request<String>| {
+            let release = Arc::clone(&release);
+            async move {
+                release.acquire().await.unwrap().forget();
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }
+        }
+    }));
+    let call =
+        |req: http::request::Builder| service.clone().oneshot(req.body(String::new()).unwrap());
+
+    // Expired on arrival: 503 expired, and its token is given back.
+    let res = call(get("/").header(wire::DEADLINE_MS, "1000"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // The only slot, held (token 1), and the only place in the queue (token 2).
+    let holder = tokio::spawn(call(get("/")));
+    while layer.admission().limit().in_flight() < 1 {
+        tokio::task::yield_now().await;
+    }
+    let waiter = tokio::spawn(call(get("/")));
+    while layer.admission().waiting().medium < 1 {
+        tokio::task::yield_now().await;
+    }
+    // Full, nothing lower to evict: 503 capacity, token 3 given back.
+    let res = call(get("/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()[wire::REASON], "capacity");
+    release.add_permits(3);
+    assert_eq!(holder.await.unwrap().unwrap().status(), StatusCode::OK);
+    assert_eq!(waiter.await.unwrap().unwrap().status(), StatusCode::OK);
+    // Token 3 is still there: served. Then the bucket is empty: 429.
+    assert_eq!(call(get("/")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        call(get("/")).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let stats = layer.stats();
+    assert_eq!(stats.served[Criticality::Medium], 3);
+    assert_eq!(
+        stats.refused(Criticality::Medium, RefusalReason::Expired),
+        1
+    );
+    assert_eq!(
+        stats.refused(Criticality::Medium, RefusalReason::Capacity),
+        1
+    );
+    assert_eq!(stats.refused(Criticality::Medium, RefusalReason::Rate), 1);
+}
