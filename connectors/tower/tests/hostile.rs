@@ -8,7 +8,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
-use tower::{service_fn, Layer, Service, ServiceExt};
+use tower::{service_fn, Layer, ServiceExt};
 use triage::limit::{ConcurrencyLimit, Fixed, TierShares};
 use triage::{wire, Criticality};
 use triage_tower::{Classifier, TriageConfig, TriageLayer};
