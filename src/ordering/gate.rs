@@ -169,15 +169,19 @@ impl<T> KeyGate<T> {
             .unwrap_or(Duration::ZERO)
     }
 
-    /// Takes out every parked message for which `pred` returns `true` and hands them back,
-    /// oldest first within each key; the others stay parked in their order. The keys stay as
-    /// they were: a busy key stays busy until its message past the gate is released (which
-    /// then lets through the next message still parked, if any). For a caller that must
-    /// withdraw some of what it parked without serving it: the messages of a source that lost
-    /// them (a revoked partition), or those that have waited as long as their broker allows.
+    /// Takes out of the gate the first parked message of each key for which `pred` returns
+    /// `true`, **with every message parked behind it** (the later ones of its key): none of
+    /// them may pass the gate before it, so they leave together. Each key's messages come out
+    /// oldest first; the keys in no particular order. The keys stay busy: their messages past
+    /// the gate still have their dispositions to come (and a release then lets through the
+    /// next message still parked, if any). `pred` sees the parked messages of each key in
+    /// order up to its first match, and none after it.
     ///
-    /// Visits every parked message once, under the gate's lock: for events, not for every
-    /// message.
+    /// For a caller that must withdraw parked messages without serving them: those of a
+    /// source that lost them (a revoked partition: every message of the key matches), or
+    /// those that have waited as long as their broker allows unacknowledged. Visits every
+    /// parked message at most once, under the gate's lock: for events and periodic sweeps,
+    /// not for every message.
     ///
     /// # Examples
     ///
@@ -186,32 +190,24 @@ impl<T> KeyGate<T> {
     ///
     /// let gate = KeyGate::new();
     /// let now = triage::quanta::Clock::new().now();
-    /// // (partition, offset); key 7's first message is past the gate.
-    /// for m in [(0, 1), (0, 2), (1, 3), (0, 4)] {
-    ///     let _ = gate.arrive(7, m, now);
+    /// // (partition, offset): key 7 of partition 0, key 8 of partition 1; the first message
+    /// // of each is past the gate.
+    /// for (key, m) in [(7, (0, 1)), (7, (0, 2)), (8, (1, 3)), (8, (1, 4)), (7, (0, 5))] {
+    ///     let _ = gate.arrive(key, m, now);
     /// }
     /// // Partition 1 was revoked: its parked message leaves, the others wait on.
-    /// assert_eq!(gate.drain_where(|&(p, _)| p == 1), [(1, 3)]);
+    /// assert_eq!(gate.drain_where(|&(p, _)| p == 1), [(1, 4)]);
     /// assert_eq!(gate.parked(), 2);
-    /// assert_eq!(gate.release_next(7), Some((0, 2)));
+    /// // A parked message that must leave takes the later ones of its key with it.
+    /// assert_eq!(gate.drain_where(|&(_, offset)| offset == 2), [(0, 2), (0, 5)]);
+    /// assert_eq!((gate.parked(), gate.keys_in_flight()), (0, 2));
     /// ```
     pub fn drain_where(&self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
         let mut st = self.state.lock();
         let mut out = Vec::new();
         for lane in st.lanes.values_mut() {
-            if !lane.iter().any(|(item, _)| pred(item)) {
-                continue;
-            }
-            // Rotate the lane once through itself: the others keep their order.
-            for _ in 0..lane.len() {
-                let Some((item, at)) = lane.pop_front() else {
-                    break;
-                };
-                if pred(&item) {
-                    out.push(item);
-                } else {
-                    lane.push_back((item, at));
-                }
+            if let Some(first) = lane.iter().position(|(item, _)| pred(item)) {
+                out.extend(lane.drain(first..).map(|(item, _)| item));
             }
         }
         self.parked.fetch_sub(out.len(), Ordering::Relaxed);
@@ -252,29 +248,41 @@ mod tests {
         assert_eq!(gate.keys_in_flight(), 0);
     }
 
+    /// Withdrawing from the middle of a key's parked messages takes the rest of the key with
+    /// it and leaves the earlier ones in order; keys without a match are untouched; the keys
+    /// stay busy; the counts follow.
     #[test]
-    fn drain_where_takes_the_matching_parked_and_keeps_the_keys_busy() {
+    fn drain_where_takes_the_rest_of_a_key_with_its_first_match() {
         let gate = KeyGate::new();
         let now = quanta::Clock::new().now();
         assert_eq!(gate.arrive(1, 10, now), Arrival::Admitted(10));
-        for m in [11, 12, 13, 14] {
-            assert_eq!(gate.arrive(1, m, now), Arrival::Parked);
+        for n in 11..=14 {
+            assert_eq!(gate.arrive(1, n, now), Arrival::Parked);
         }
         assert_eq!(gate.arrive(2, 20, now), Arrival::Admitted(20));
         assert_eq!(gate.arrive(2, 21, now), Arrival::Parked);
-        let mut odd = gate.drain_where(|m| m % 2 == 1);
-        odd.sort_unstable();
-        assert_eq!(odd, vec![11, 13, 21]);
-        assert_eq!(gate.parked(), 2);
-        assert_eq!(gate.drain_where(|_| false), Vec::<u32>::new());
-        // Both keys stay busy; key 2 is freed by its message's release, key 1 goes on in order.
-        assert_eq!(gate.keys_in_flight(), 2);
+        let mut seen = Vec::new();
+        let mut out = gate.drain_where(|&n| {
+            seen.push(n);
+            n == 12 || n == 14
+        });
+        out.sort_unstable();
+        assert_eq!(out, [12, 13, 14]);
+        seen.sort_unstable();
+        assert_eq!(
+            seen,
+            [11, 12, 21],
+            "nothing after a key's first match is offered"
+        );
+        assert_eq!((gate.parked(), gate.keys_in_flight()), (2, 2));
+        // Key 1 goes on in order; key 2 stays busy, so a later arrival parks.
         assert_eq!(gate.arrive(2, 22, now), Arrival::Parked);
-        assert_eq!(gate.release_next(1), Some(12));
-        assert_eq!(gate.release_next(1), Some(14));
+        assert_eq!(gate.release_next(1), Some(11));
         assert_eq!(gate.release_next(1), None);
+        assert_eq!(gate.release_next(2), Some(21));
         assert_eq!(gate.release_next(2), Some(22));
         assert_eq!(gate.release_next(2), None);
+        assert!(gate.drain_where(|_| true).is_empty());
         assert_eq!((gate.parked(), gate.keys_in_flight()), (0, 0));
     }
 
