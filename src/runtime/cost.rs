@@ -23,12 +23,35 @@ const SLOTS: usize = 256;
 /// (one `u64` store). A writer that overwrites an unread sample loses that sample.
 pub(crate) struct CostSamples {
     slots: [AtomicU64; SLOTS],
+    /// Refusals so far: which of them is sampled.
+    refusals: AtomicU64,
 }
+
+/// Refusals between two samples of the reject path's cost: two clock reads per sample, under
+/// 1 ns per refusal on average, and enough samples for a percentile at a few hundred refusals.
+pub(crate) const SAMPLE_EVERY: u64 = 64;
 
 impl CostSamples {
     pub(crate) fn new() -> Self {
         Self {
             slots: std::array::from_fn(|_| AtomicU64::new(0)),
+            refusals: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether the next decision is timed: it is, if it ends in a refusal, one in
+    /// [`SAMPLE_EVERY`] refusals.
+    #[inline]
+    pub(crate) fn sampling(&self) -> bool {
+        self.refusals.load(Ordering::Relaxed) % SAMPLE_EVERY == 0
+    }
+
+    /// Counts one refusal and stores its cost, if it was timed (see [`sampling`](Self::sampling)).
+    #[inline]
+    pub(crate) fn refused(&self, cost: Option<Duration>) {
+        let seq = self.refusals.fetch_add(1, Ordering::Relaxed);
+        if let Some(cost) = cost {
+            self.record(seq / SAMPLE_EVERY, cost);
         }
     }
 
@@ -52,6 +75,21 @@ impl CostSamples {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_refusal_in_sample_every_is_timed() {
+        let s = CostSamples::new();
+        let mut timed = 0;
+        for _ in 0..SAMPLE_EVERY * 3 {
+            let sampling = s.sampling();
+            timed += u64::from(sampling);
+            s.refused(sampling.then_some(Duration::from_nanos(100)));
+        }
+        assert_eq!(timed, 3);
+        let mut got = Vec::new();
+        s.drain(|d| got.push(d.as_nanos()));
+        assert_eq!(got, vec![100, 100, 100]);
+    }
 
     #[test]
     fn each_sample_is_drained_once() {

@@ -54,6 +54,7 @@ use tokio_util::sync::CancellationToken;
 use crate::queue::TierMask;
 use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::item::Item;
+use crate::runtime::pacing::PullForIntake;
 use crate::runtime::refusal::Refusal;
 use crate::runtime::Source;
 
@@ -141,7 +142,7 @@ impl<T: Send + Sync + 'static> Held<T> {
         }
         let now = inner.recent_ns();
         let queued = (self.len() + inner.queue.len()) as u128;
-        let mean = inner.mean_service().as_nanos();
+        let mean = inner.signals.mean_service().as_nanos();
         let limit = inner.limit.limit().max(1) as u128;
         let drain_ns = u64::try_from(queued * mean / limit).unwrap_or(u64::MAX);
         let at_risk = |r: usize| {
@@ -179,7 +180,7 @@ impl<T: Send + Sync + 'static> Held<T> {
                 } else {
                     match inner.defer_to_make_room(item) {
                         Ok(()) => {
-                            inner.held.fetch_sub(1, Ordering::Relaxed);
+                            inner.signals.held.fetch_sub(1, Ordering::Relaxed);
                             excess -= 1;
                         }
                         Err(item) => kept.push_back(item),
@@ -212,7 +213,7 @@ impl<T: Send + Sync + 'static> Held<T> {
                 break;
             };
             if item.deadline.is_some_and(|d| d <= now) {
-                inner.held.fetch_sub(1, Ordering::Relaxed);
+                inner.signals.held.fetch_sub(1, Ordering::Relaxed);
                 inner.expire(item);
                 continue;
             }
@@ -226,7 +227,7 @@ impl<T: Send + Sync + 'static> Held<T> {
             }
             match inner.offer(item) {
                 Offer::Taken => {
-                    inner.held.fetch_sub(1, Ordering::Relaxed);
+                    inner.signals.held.fetch_sub(1, Ordering::Relaxed);
                 }
                 Offer::CircuitHold(item) => self.circuit.push_back(item),
                 Offer::Hold(item) | Offer::Evicted(item) => self.items.push_back(item),
@@ -252,13 +253,13 @@ impl<T: Send + Sync + 'static> Held<T> {
         // A held message with less time left than a handler run takes cannot complete in time:
         // the oldest held is offered first, so under sustained overload it would reach a
         // worker right at its deadline and finish just after it, spending a worker for nothing.
-        let horizon = inner.clock.now() + inner.mean_service();
+        let horizon = inner.clock.now() + inner.signals.mean_service();
         for _ in 0..self.items.len() {
             let Some(item) = self.items.pop_front() else {
                 break;
             };
             if item.deadline.is_some_and(|d| d <= horizon) {
-                inner.held.fetch_sub(1, Ordering::Relaxed);
+                inner.signals.held.fetch_sub(1, Ordering::Relaxed);
                 inner.expire(item);
                 continue;
             }
@@ -269,7 +270,7 @@ impl<T: Send + Sync + 'static> Held<T> {
             }
             match inner.offer(item) {
                 Offer::Taken => {
-                    inner.held.fetch_sub(1, Ordering::Relaxed);
+                    inner.signals.held.fetch_sub(1, Ordering::Relaxed);
                 }
                 Offer::Hold(item) => {
                     self.note_refused(rank, item.last_refusal);
@@ -325,7 +326,7 @@ impl<T: Send + Sync + 'static> Held<T> {
             };
         }
         if let Some(reason) = self.refused_now(rank) {
-            inner.held.fetch_add(1, Ordering::Relaxed);
+            inner.signals.held.fetch_add(1, Ordering::Relaxed);
             let mut item = item;
             item.last_refusal = Some(reason);
             item.mark_waiting();
@@ -341,16 +342,16 @@ impl<T: Send + Sync + 'static> Held<T> {
         match offer {
             Offer::Taken => {}
             Offer::Hold(item) => {
-                inner.held.fetch_add(1, Ordering::Relaxed);
+                inner.signals.held.fetch_add(1, Ordering::Relaxed);
                 self.note_refused(rank, item.last_refusal);
                 self.items.push_back(item);
             }
             Offer::Evicted(victim) => {
-                inner.held.fetch_add(1, Ordering::Relaxed);
+                inner.signals.held.fetch_add(1, Ordering::Relaxed);
                 self.items.push_back(victim);
             }
             Offer::CircuitHold(item) => {
-                inner.held.fetch_add(1, Ordering::Relaxed);
+                inner.signals.held.fetch_add(1, Ordering::Relaxed);
                 self.circuit.push_back(item);
             }
         }
@@ -385,7 +386,7 @@ const ORDERING_LOOKAHEAD: usize = 8;
 /// [`ORDERING_LOOKAHEAD`] times it.
 fn pulled_ahead<T: Send + Sync + 'static>(inner: &Inner<T>, prefetch: usize) -> bool {
     let queued = inner.queue.len();
-    queued >= prefetch || queued + inner.gate.parked() >= prefetch * ORDERING_LOOKAHEAD
+    queued >= prefetch || queued + inner.keys.parked() >= prefetch * ORDERING_LOOKAHEAD
 }
 
 /// How recently a source must have delivered a tier for a full held buffer to make room for it
@@ -421,13 +422,13 @@ fn receive<T: Send + Sync + 'static>(
     inner.map_downstream(&mut item);
     let now = crate::queue::time::recent(&inner.clock);
     if mode == Mode::Normal {
-        inner.pulled[tier.rank()].fetch_add(1, Ordering::Relaxed);
+        inner.signals.pulled[tier.rank()].fetch_add(1, Ordering::Relaxed);
         // The deadline slack it arrives with: what admission predicts deadline misses from.
         // In µs, at most `u32::MAX` (71 minutes) each, so the sum lasts 4 billion messages.
         if let Some(deadline) = item.deadline {
             let slack = deadline.saturating_duration_since(now).as_micros();
-            inner.pulled_with_deadline[tier.rank()].fetch_add(1, Ordering::Relaxed);
-            inner.slack_us[tier.rank()].fetch_add(
+            inner.signals.pulled_with_deadline[tier.rank()].fetch_add(1, Ordering::Relaxed);
+            inner.signals.slack_us[tier.rank()].fetch_add(
                 u64::try_from(slack).map_or(u64::from(u32::MAX), |s| s.min(u64::from(u32::MAX))),
                 Ordering::Relaxed,
             );
@@ -486,12 +487,7 @@ struct Shared<S: Source> {
 /// wakes it) at anything the intake has to decide: a message refused, the shed level or the
 /// operator's level above 0, the key gate or the memory budget full, a source with nothing
 /// ready now, or finished.
-pub(crate) trait PullForIntake<T>: Send + Sync {
-    /// Pulls up to `PULL_BATCH` messages and offers them. Returns whether it offered any.
-    fn pull(&self, inner: &Arc<Inner<T>>) -> bool;
-}
-
-impl<S: Source> PullForIntake<S::Payload> for Shared<S>
+impl<S: Source> PullForIntake<Inner<S::Payload>> for Shared<S>
 where
     S::Payload: Send + Sync + 'static,
 {
@@ -511,11 +507,8 @@ where
         let mut offered = false;
         let mut hand_back = false;
         for _ in 0..PULL_BATCH {
-            let level = inner
-                .shed_level
-                .load(Ordering::Relaxed)
-                .max(inner.live.forced_level());
-            if level != 0 || inner.gate.parked() >= max_parked || !inner.accounts.memory.may_pull()
+            let level = inner.signals.shed_level().max(inner.live.forced_level());
+            if level != 0 || inner.keys.parked() >= max_parked || !inner.accounts.memory.may_pull()
             {
                 hand_back = true;
                 break;
@@ -554,7 +547,7 @@ where
         if hand_back {
             self.open.store(false, Ordering::Release);
             drop(source);
-            inner.room.notify_waiters();
+            inner.pacing.room.notify_waiters();
         }
         offered
     }
@@ -568,7 +561,7 @@ struct Opened<'a, S: Source> {
 
 impl<'a, S: Source> Opened<'a, S> {
     fn new(shared: &'a Shared<S>, inner: &'a Inner<S::Payload>) -> Self {
-        inner.pulling_for.fetch_add(1, Ordering::Relaxed);
+        inner.pacing.pulling_for.fetch_add(1, Ordering::Relaxed);
         shared.open.store(true, Ordering::Release);
         Opened { shared, inner }
     }
@@ -577,7 +570,10 @@ impl<'a, S: Source> Opened<'a, S> {
 impl<S: Source> Drop for Opened<'_, S> {
     fn drop(&mut self) {
         self.shared.open.store(false, Ordering::Release);
-        self.inner.pulling_for.fetch_sub(1, Ordering::Relaxed);
+        self.inner
+            .pacing
+            .pulling_for
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -602,8 +598,8 @@ pub(crate) async fn run<S: Source>(
     });
     // Deferred work is pulled only while the workers are idle: the intake alone decides that.
     if mode == Mode::Normal {
-        let helper: Arc<dyn PullForIntake<S::Payload>> = shared.clone();
-        inner.helpers.rcu(|list| {
+        let helper: Arc<dyn PullForIntake<Inner<S::Payload>>> = shared.clone();
+        inner.pacing.helpers.rcu(|list| {
             let mut list = Vec::clone(list);
             list.push(Arc::clone(&helper));
             list
@@ -626,10 +622,7 @@ pub(crate) async fn run<S: Source>(
         // Read each turn: a live reconfiguration may change it.
         let poll = inner.poll_interval();
         lag.store(source.lag().unwrap_or(u64::MAX), Ordering::Relaxed);
-        let level = inner
-            .shed_level
-            .load(Ordering::Relaxed)
-            .max(inner.live.forced_level());
+        let level = inner.signals.shed_level().max(inner.live.forced_level());
         if mode == Mode::Normal {
             let shed = TierMask::below(level);
             if shed != paused_tiers {
@@ -651,7 +644,7 @@ pub(crate) async fn run<S: Source>(
         if mode == Mode::Normal {
             held.make_room(&inner, max_held);
         }
-        let full = held.len() >= max_held || inner.gate.parked() >= max_parked;
+        let full = held.len() >= max_held || inner.keys.parked() >= max_parked;
         if full != paused {
             if full {
                 source.pause();
@@ -669,24 +662,24 @@ pub(crate) async fn run<S: Source>(
         let prefetch = inner.prefetch();
         if may_pull && mode == Mode::Normal && level == 0 && pulled_ahead(&inner, prefetch) {
             drop(source);
-            let room = inner.room.notified();
+            let room = inner.pacing.room.notified();
             tokio::pin!(room);
             room.as_mut().enable();
-            inner.room_waiters.fetch_add(1, Ordering::Relaxed);
+            inner.pacing.room_waiters.fetch_add(1, Ordering::Relaxed);
             if pulled_ahead(&inner, prefetch) {
                 // With nothing to hold and nothing refused, the workers may pull what this
                 // intake would, while it waits (closed again when it wakes).
                 let _open = held.clear().then(|| Opened::new(&shared, &inner));
                 tokio::select! {
-                    _ = inner.stop.cancelled() => {
-                        inner.room_waiters.fetch_sub(1, Ordering::Relaxed);
+                    _ = inner.lifecycle.stop.cancelled() => {
+                        inner.pacing.room_waiters.fetch_sub(1, Ordering::Relaxed);
                         break;
                     }
                     _ = &mut room => {}
                     _ = tokio::time::sleep(poll) => {}
                 }
             }
-            inner.room_waiters.fetch_sub(1, Ordering::Relaxed);
+            inner.pacing.room_waiters.fetch_sub(1, Ordering::Relaxed);
             continue;
         }
         if !may_pull {
@@ -695,7 +688,7 @@ pub(crate) async fn run<S: Source>(
                 break;
             }
             tokio::select! {
-                _ = inner.stop.cancelled() => break,
+                _ = inner.lifecycle.stop.cancelled() => break,
                 _ = tokio::time::sleep(poll) => {}
             }
             continue;
@@ -709,7 +702,7 @@ pub(crate) async fn run<S: Source>(
         };
         let pulled = tokio::select! {
             biased;
-            _ = inner.stop.cancelled() => break,
+            _ = inner.lifecycle.stop.cancelled() => break,
             p = pull(&mut *source, wait) => p,
         };
         let envelope = match pulled {
@@ -728,7 +721,7 @@ pub(crate) async fn run<S: Source>(
         if mode == Mode::Normal {
             for _ in 1..PULL_BATCH {
                 if held.len() >= max_held
-                    || inner.gate.parked() >= max_parked
+                    || inner.keys.parked() >= max_parked
                     || !inner.accounts.memory.may_pull()
                     || (level == 0 && pulled_ahead(&inner, prefetch))
                 {
@@ -746,8 +739,8 @@ pub(crate) async fn run<S: Source>(
         }
     }
     if mode == Mode::Normal {
-        let ours: Arc<dyn PullForIntake<S::Payload>> = shared.clone();
-        inner.helpers.rcu(|list| {
+        let ours: Arc<dyn PullForIntake<Inner<S::Payload>>> = shared.clone();
+        inner.pacing.helpers.rcu(|list| {
             list.iter()
                 .filter(|h| !Arc::ptr_eq(h, &ours))
                 .cloned()
@@ -760,10 +753,13 @@ pub(crate) async fn run<S: Source>(
     for (rank, offer) in shared.returned.lock().drain(..) {
         held.absorb(&inner, rank, offer);
     }
-    inner.held.fetch_sub(held.len() as i64, Ordering::Relaxed);
+    inner
+        .signals
+        .held
+        .fetch_sub(held.len() as i64, Ordering::Relaxed);
     // Dropping them releases them unacknowledged.
     drop(held);
-    if inner.pulling.fetch_sub(1, Ordering::AcqRel) == 1 {
+    if inner.lifecycle.pulling.fetch_sub(1, Ordering::AcqRel) == 1 {
         inner.accounts.sources_done.store(true, Ordering::Release);
     }
     inner.accounts.idle.notify_waiters();

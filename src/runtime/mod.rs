@@ -22,17 +22,29 @@
 mod ack;
 mod config;
 mod cost;
+mod dead_letter;
+mod deferral;
+mod dispatch;
 mod engine;
 mod envelope;
+mod failure;
+mod gate;
 mod intake;
 mod item;
 mod job;
+mod lifecycle;
+mod live;
 mod memory;
 pub mod metrics;
+mod pacing;
+mod policy;
 mod propagation;
 mod reconfigure;
 mod refusal;
 mod report;
+mod sampler;
+mod settle;
+mod signals;
 mod sink;
 mod source;
 mod submit;
@@ -47,7 +59,6 @@ use std::time::Duration;
 use quanta::Clock;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 pub use ack::{Ack, AckRef, AckSink};
 pub use config::{LoadConfigError, RefusalPolicy, RetryConfig, RuntimeConfig};
@@ -268,8 +279,7 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             .metrics
             .brownout_level
             .set(f64::from(config.brownout_level));
-        let live = reconfigure::Live::new(&config);
-        let dead_lettering = Arc::new(tokio::sync::Semaphore::new(config.max_dead_lettering.get()));
+        let live = live::Live::new(&config);
         let breakers = Arc::new(crate::admission::Breakers::with_clock(
             config.breaker.clone(),
             self.clock.clone(),
@@ -279,44 +289,24 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             queue,
             limit,
             accounts,
-            deferring: Arc::new(tokio::sync::Semaphore::new(config.max_deferring.get())),
+            deferrals: deferral::Deferrals::new(self.defer, config.max_deferring.get()),
+            dead_letters: dead_letter::DeadLetters::new(
+                self.dead_letter,
+                config.max_dead_lettering.get(),
+            ),
             config: arc_swap::ArcSwap::from_pointee(config),
             live,
-            defer: self.defer,
-            dead_letter: self.dead_letter,
             observer: self.observer,
             breakers,
             downstream: self.downstream,
+            buckets,
+            reject_costs: cost::CostSamples::new(),
+            keys: crate::ordering::KeyGate::new(),
+            signals: signals::Signals::new(),
+            pacing: pacing::Pacing::new(),
+            lifecycle: lifecycle::Lifecycle::new(),
             origin: self.clock.now(),
             clock: self.clock,
-            stop: CancellationToken::new(),
-            tasks: TaskTracker::new(),
-            kill: CancellationToken::new(),
-            defer_unhealthy_until: AtomicU64::new(0),
-            held: AtomicI64::new(0),
-            refusals: AtomicU64::new(0),
-            reject_costs: cost::CostSamples::new(),
-            pulling: std::sync::atomic::AtomicUsize::new(0),
-            dead_lettering,
-            dead_letters_held: AtomicI64::new(0),
-            dead_letter_logged_at: AtomicU64::new(u64::MAX),
-            shed_level: Default::default(),
-            shedding_since_ns: AtomicU64::new(u64::MAX),
-            backlog_clear_ns: AtomicU64::new(0),
-            pulled: Default::default(),
-            pulled_with_deadline: Default::default(),
-            slack_us: Default::default(),
-            served: AtomicU64::new(0),
-            busy_ns: AtomicU64::new(0),
-            lags: parking_lot::Mutex::new(Vec::new()),
-            room: tokio::sync::Notify::new(),
-            room_waiters: Default::default(),
-            helpers: Default::default(),
-            pulling_for: Default::default(),
-            last_work_ns: Default::default(),
-            pushed_seen: Default::default(),
-            gate: crate::ordering::KeyGate::new(),
-            buckets,
         });
         let handler = Arc::new(handler);
         let spawn_worker: SpawnWorker<T> =
@@ -379,7 +369,7 @@ impl<T: Send + Sync + 'static> Runtime<T> {
 
     fn check_source<S: Source<Payload = T>>(&self, source: &S) -> Result<(), ConfigError> {
         match source.needs_dead_letter_sink() {
-            Some(setting) if self.inner.dead_letter.is_none() => Err(ConfigError::new(
+            Some(setting) if self.inner.dead_letters.sink.is_none() => Err(ConfigError::new(
                 setting,
                 "true",
                 "false, or a dead-letter sink on the runtime (RuntimeBuilder::dead_letter_sink)",
@@ -409,14 +399,14 @@ impl<T: Send + Sync + 'static> Runtime<T> {
     }
 
     fn attach_mode<S: Source<Payload = T>>(&mut self, source: S, mode: intake::Mode) {
-        self.inner.pulling.fetch_add(1, Ordering::AcqRel);
+        self.inner.lifecycle.pulling.fetch_add(1, Ordering::AcqRel);
         self.inner
             .accounts
             .sources_done
             .store(false, Ordering::Release);
         let lag = Arc::new(AtomicU64::new(u64::MAX));
         if mode == intake::Mode::Normal {
-            self.inner.lags.lock().push(Arc::clone(&lag));
+            self.inner.signals.lags.lock().push(Arc::clone(&lag));
         }
         let task = intake::run(
             Arc::clone(&self.inner),
@@ -454,11 +444,11 @@ impl<T: Send + Sync + 'static> Runtime<T> {
     /// - [`SubmitError::Closed`]: the runtime is shutting down.
     pub fn try_submit(&self, envelope: Envelope<T>) -> Result<(), SubmitError<T>> {
         let inner = &self.inner;
-        if inner.stop.is_cancelled() {
+        if inner.lifecycle.stop.is_cancelled() {
             return Err(SubmitError::Closed(envelope));
         }
         let tier = envelope.effective_criticality();
-        inner.pushed_seen.store(true, Ordering::Relaxed);
+        inner.signals.pushed_seen.store(true, Ordering::Relaxed);
         let forced = !crate::admission::admits_at(inner.live.forced_level(), tier);
         if inner.config().policy[tier] == RefusalPolicy::Backpressure
             && (forced || !inner.queue.admits(tier))
@@ -642,7 +632,7 @@ impl<T: Send + Sync + 'static> Runtime<T> {
             let idle = self.inner.accounts.idle.notified();
             tokio::pin!(idle);
             idle.as_mut().enable();
-            let pulling = self.inner.pulling.load(Ordering::Acquire);
+            let pulling = self.inner.lifecycle.pulling.load(Ordering::Acquire);
             let alive = self.inner.accounts.alive.load(Ordering::Acquire);
             if pulling == 0 && alive == 0 {
                 return;
@@ -674,13 +664,13 @@ impl<T: Send + Sync + 'static> Runtime<T> {
         let work_deadline = deadline - reserve;
         *self.final_ack.lock() = Some(deadline);
         let inner = Arc::clone(&self.inner);
-        inner.stop.cancel();
+        inner.lifecycle.stop.cancel();
         inner.drain_queue();
-        inner.tasks.close();
+        inner.lifecycle.tasks.close();
         let mut workers = std::mem::take(&mut self.workers);
         let finished = tokio::time::timeout_at(work_deadline, async {
             while workers.join_next().await.is_some() {}
-            inner.tasks.wait().await;
+            inner.lifecycle.tasks.wait().await;
         })
         .await;
         let grace_exceeded = finished.is_err();
@@ -690,8 +680,8 @@ impl<T: Send + Sync + 'static> Runtime<T> {
             while workers.join_next().await.is_some() {}
             // So do deferrals and dead letters still waiting for their broker: left running,
             // they would settle after the sources' final acknowledgement.
-            inner.kill.cancel();
-            let _ = tokio::time::timeout_at(deadline, inner.tasks.wait()).await;
+            inner.lifecycle.kill.cancel();
+            let _ = tokio::time::timeout_at(deadline, inner.lifecycle.tasks.wait()).await;
         }
         self.sampler.abort();
         inner.flush_reject_costs();
@@ -720,8 +710,8 @@ impl<T: Send + Sync + 'static> Runtime<T> {
 impl<T> Drop for Runtime<T> {
     fn drop(&mut self) {
         let inner = &self.inner;
-        inner.stop.cancel();
-        inner.kill.cancel();
+        inner.lifecycle.stop.cancel();
+        inner.lifecycle.kill.cancel();
         for intake in &self.intakes {
             intake.abort();
         }
@@ -779,9 +769,9 @@ fn stats_of<T>(inner: &Inner<T>) -> RuntimeStats {
         queue: inner.queue.stats(),
         alive: inner.accounts.alive.load(Ordering::Relaxed).max(0) as u64,
         queued: inner.queue.len() as u64,
-        held: inner.held.load(Ordering::Relaxed).max(0) as u64,
-        parked: inner.gate.parked() as u64,
-        dead_letters_held: inner.dead_letters_held.load(Ordering::Relaxed).max(0) as u64,
+        held: inner.signals.held(),
+        parked: inner.keys.parked() as u64,
+        dead_letters_held: inner.dead_letters.held(),
         running: inner.limit.in_flight() as u64,
         limit: inner.limit.limit() as u64,
         refused: per_tier(&inner.accounts.refused),

@@ -36,7 +36,6 @@
 //! queue is touched; its infallible `apply` is called in phase 2, beside the others. A setting
 //! that cannot change while running goes in [`FIXED`].
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::limit::{Fixed, Limiter};
@@ -62,53 +61,6 @@ pub const FIXED: &[(&str, &str)] = &[
         "a semaphore sized at start holds the dead letters in flight",
     ),
 ];
-
-/// What a live reconfiguration changes besides the configuration itself, read lock-free on
-/// the hot path.
-#[derive(Debug)]
-pub(crate) struct Live {
-    /// 1 at start, one more per applied reconfiguration.
-    generation: AtomicU64,
-    /// Reconfigurations and reloads refused (`triage_config_refused_total`).
-    refused: AtomicU64,
-    /// `RuntimeConfig::forced_shed_level`.
-    forced_level: AtomicU8,
-    /// `RuntimeConfig::brownout_level`.
-    brownout: AtomicU8,
-    /// One reconfiguration at a time.
-    serial: parking_lot::Mutex<()>,
-}
-
-impl Live {
-    pub(crate) fn new(config: &RuntimeConfig) -> Self {
-        Live {
-            generation: AtomicU64::new(1),
-            refused: AtomicU64::new(0),
-            forced_level: AtomicU8::new(config.forced_shed_level),
-            brownout: AtomicU8::new(config.brownout_level),
-            serial: parking_lot::Mutex::new(()),
-        }
-    }
-
-    pub(crate) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn refused(&self) -> u64 {
-        self.refused.load(Ordering::Acquire)
-    }
-
-    /// The operator's forced shed level: tiers with `rank() < level` are refused.
-    #[inline]
-    pub(crate) fn forced_level(&self) -> u8 {
-        self.forced_level.load(Ordering::Relaxed)
-    }
-
-    #[inline]
-    pub(crate) fn brownout(&self) -> u8 {
-        self.brownout.load(Ordering::Relaxed)
-    }
-}
 
 /// A reconfiguration that was applied (or that changed nothing).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -192,7 +144,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         self: &Arc<Self>,
         config: RuntimeConfig,
     ) -> Result<Reconfigured, ReconfigureError> {
-        if self.stop.is_cancelled() {
+        if self.lifecycle.stop.is_cancelled() {
             return Err(ReconfigureError::Stopped);
         }
         let done = self.apply(config);
@@ -204,7 +156,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
 
     /// A reconfiguration or reload refused: counted for `triage_config_refused_total`.
     pub(crate) fn count_refused(&self) {
-        self.live.refused.fetch_add(1, Ordering::AcqRel);
+        self.live.count_refused();
         self.accounts.metrics.config_refused.increment(1);
     }
 
@@ -212,12 +164,16 @@ impl<T: Send + Sync + 'static> Inner<T> {
         self: &Arc<Self>,
         mut config: RuntimeConfig,
     ) -> Result<Reconfigured, ReconfigureError> {
-        let _serial = self.live.serial.lock();
+        let _serial = self.live.serial();
         let old = self.config.load_full();
 
         // Phase 1: check everything, change nothing.
         config.validate()?;
-        super::check_sinks(&mut config, self.defer.as_ref(), self.dead_letter.as_ref())?;
+        super::check_sinks(
+            &mut config,
+            self.deferrals.sink.as_ref(),
+            self.dead_letters.sink.as_ref(),
+        )?;
         let changes = diff(&old, &config);
         if changes.is_empty() {
             return Ok(Reconfigured {
@@ -256,16 +212,11 @@ impl<T: Send + Sync + 'static> Inner<T> {
         if let Some(limiter) = limiter {
             self.limit.set_algorithm(limiter);
         }
-        self.live
-            .forced_level
-            .store(config.forced_shed_level, Ordering::Relaxed);
-        self.live
-            .brownout
-            .store(config.brownout_level, Ordering::Relaxed);
+        self.live.set_levels(&config);
         let forced = config.forced_shed_level;
         let brownout = config.brownout_level;
         self.config.store(Arc::new(config));
-        let generation = self.live.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        let generation = self.live.next_generation();
         let m = &self.accounts.metrics;
         m.config_generation.set(generation as f64);
         m.forced_shed_level.set(f64::from(forced));
@@ -290,7 +241,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             }
         }
         // A larger queue or larger shares may have made room for a pacing intake.
-        self.room.notify_waiters();
+        self.pacing.room.notify_waiters();
         Ok(Reconfigured {
             generation,
             changes,
@@ -424,7 +375,7 @@ impl<T: Send + Sync + 'static> Reconfigurable for Target<T> {
 
     fn current(&self) -> Option<(Arc<RuntimeConfig>, u64)> {
         let inner = self.0.upgrade()?;
-        let _serial = inner.live.serial.lock();
+        let _serial = inner.live.serial();
         Some((inner.config.load_full(), inner.live.generation()))
     }
 
@@ -443,7 +394,7 @@ impl ConfigHandle {
     pub(crate) fn new<T: Send + Sync + 'static>(inner: &Arc<Inner<T>>) -> Self {
         ConfigHandle {
             target: Arc::new(Target(Arc::downgrade(inner))),
-            stop: inner.stop.clone(),
+            stop: inner.lifecycle.stop.clone(),
         }
     }
 

@@ -106,8 +106,14 @@ impl Tally {
             }
         }
         if self.served > 0 {
-            inner.served.fetch_add(self.served, Ordering::Relaxed);
-            inner.busy_ns.fetch_add(self.busy_ns, Ordering::Relaxed);
+            inner
+                .signals
+                .served
+                .fetch_add(self.served, Ordering::Relaxed);
+            inner
+                .signals
+                .busy_ns
+                .fetch_add(self.busy_ns, Ordering::Relaxed);
         }
         resolve_completed(acks, tokens);
         if settled > 0 {

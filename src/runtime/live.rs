@@ -1,0 +1,78 @@
+//! The live levels: what a reconfiguration changes besides the configuration itself, read
+//! lock-free on the hot path (the operator's forced shed and brownout levels), and the
+//! reconfigurations' own count (the generation, the refused).
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+use crate::runtime::RuntimeConfig;
+
+/// What a live reconfiguration changes besides the configuration itself, read lock-free on
+/// the hot path.
+#[derive(Debug)]
+pub(crate) struct Live {
+    /// 1 at start, one more per applied reconfiguration.
+    generation: AtomicU64,
+    /// Reconfigurations and reloads refused (`triage_config_refused_total`).
+    refused: AtomicU64,
+    /// `RuntimeConfig::forced_shed_level`.
+    forced_level: AtomicU8,
+    /// `RuntimeConfig::brownout_level`.
+    brownout: AtomicU8,
+    /// One reconfiguration at a time.
+    serial: parking_lot::Mutex<()>,
+}
+
+impl Live {
+    pub(crate) fn new(config: &RuntimeConfig) -> Self {
+        Live {
+            generation: AtomicU64::new(1),
+            refused: AtomicU64::new(0),
+            forced_level: AtomicU8::new(config.forced_shed_level),
+            brownout: AtomicU8::new(config.brownout_level),
+            serial: parking_lot::Mutex::new(()),
+        }
+    }
+
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Acquire)
+    }
+
+    /// The operator's forced shed level: tiers with `rank() < level` are refused.
+    #[inline]
+    pub(crate) fn forced_level(&self) -> u8 {
+        self.forced_level.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    pub(crate) fn brownout(&self) -> u8 {
+        self.brownout.load(Ordering::Relaxed)
+    }
+
+    /// Takes the levels of `config` (a reconfiguration's phase 2).
+    pub(crate) fn set_levels(&self, config: &RuntimeConfig) {
+        self.forced_level
+            .store(config.forced_shed_level, Ordering::Relaxed);
+        self.brownout
+            .store(config.brownout_level, Ordering::Relaxed);
+    }
+
+    /// One more applied reconfiguration: the new generation.
+    pub(crate) fn next_generation(&self) -> u64 {
+        self.generation.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// One more refused reconfiguration.
+    pub(crate) fn count_refused(&self) {
+        self.refused.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// One reconfiguration at a time: held while one is checked and applied, and while the
+    /// configuration and its generation are read together.
+    pub(crate) fn serial(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.serial.lock()
+    }
+}

@@ -1,0 +1,119 @@
+//! The sampler: on a timer, it measures the signals (arrival, capacity, lag, the work waiting)
+//! into pull-based admission, stores the shed level and the backlog's clearing time the gate
+//! and the deferral part read, and sets the gauges. Nothing here runs per message.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::admission::{PullAdmission, PullSample};
+use crate::runtime::engine::Inner;
+use crate::Criticality;
+
+impl<T: Send + Sync + 'static> Inner<T> {
+    /// Gauges and the admission clock, on a timer: nothing here runs per message.
+    pub(crate) async fn sampler(self: Arc<Self>) {
+        let mut every = Duration::from_millis(self.config().admission.tick_ms);
+        let mut pull = PullAdmission::new(&self.config().admission);
+        let mut generation = self.live.generation();
+        loop {
+            // A live reconfiguration: the state machine keeps its window and level.
+            if self.live.generation() != generation {
+                let config = self.config();
+                generation = self.live.generation();
+                pull.reconfigure(&config.admission);
+                every = Duration::from_millis(config.admission.tick_ms);
+            }
+            tokio::select! {
+                _ = self.lifecycle.stop.cancelled() => {
+                    self.flush_reject_costs();
+                    self.accounts.publish_counts();
+                    return;
+                }
+                _ = tokio::time::sleep(every) => {}
+            }
+            self.flush_reject_costs();
+            self.accounts.publish_counts();
+            let lag = self.signals.lag();
+            let sample = PullSample {
+                at: self.clock.now().saturating_duration_since(self.origin),
+                lag,
+                pulled: std::array::from_fn(|r| self.signals.pulled[r].load(Ordering::Relaxed)),
+                served: self.signals.served.load(Ordering::Relaxed),
+                busy: Duration::from_nanos(self.signals.busy_ns.load(Ordering::Relaxed)),
+                limit: self.limit.limit(),
+                waiting: (self.queue.len() as u64)
+                    .saturating_add(self.signals.held.load(Ordering::Relaxed).max(0) as u64),
+                with_deadline: std::array::from_fn(|r| {
+                    self.signals.pulled_with_deadline[r].load(Ordering::Relaxed)
+                }),
+                slack: std::array::from_fn(|r| {
+                    Duration::from_micros(self.signals.slack_us[r].load(Ordering::Relaxed))
+                }),
+            };
+            let level = pull.observe(&sample);
+            // The work ahead of a drain: the sources' lag and what is pulled and waiting.
+            let ahead = sample.lag.unwrap_or(0).saturating_add(sample.waiting);
+            let clear_ns = match pull.capacity() {
+                Some(capacity) if ahead > 0 && capacity > 0.0 => {
+                    (ahead as f64 / capacity * 1e9).min(u64::MAX as f64) as u64
+                }
+                _ => 0,
+            };
+            self.signals
+                .backlog_clear_ns
+                .store(clear_ns, Ordering::Relaxed);
+            self.sample_toolbox();
+            tracing::trace!(
+                level,
+                arrival = pull.arrival_rate(),
+                capacity = pull.capacity(),
+                lag = sample.lag,
+                wait = ?pull.predicted_wait(),
+                "pull-based admission tick"
+            );
+            let was = self.signals.shed_level.swap(level, Ordering::Relaxed);
+            if level == 0 {
+                self.signals
+                    .shedding_since_ns
+                    .store(u64::MAX, Ordering::Relaxed);
+            } else if was == 0 {
+                self.signals
+                    .shedding_since_ns
+                    .store(self.recent_ns(), Ordering::Relaxed);
+            }
+            let m = &self.accounts.metrics;
+            let depths = self.queue.depths();
+            let ages = self.queue.ages();
+            self.queue.refresh_admission();
+            for tier in Criticality::ALL {
+                m.tiers[tier].depth.set(depths[tier] as f64);
+                m.tiers[tier].age.set(ages[tier].as_secs_f64());
+            }
+            m.shed_level.set(f64::from(level));
+            m.arrival_rate.set(pull.arrival_rate());
+            m.capacity.set(pull.capacity().unwrap_or(0.0));
+            m.lag.set(lag.map_or(-1.0, |l| l as f64));
+            m.in_flight.set(self.limit.in_flight() as f64);
+            m.limit.set(self.limit.limit() as f64);
+            m.held.set(self.signals.held.load(Ordering::Relaxed) as f64);
+            m.circuits_open.set(self.breakers.open_count() as f64);
+            m.circuits_opened.absolute(self.breakers.opened_total());
+            m.breaker_untracked.absolute(self.breakers.untracked());
+            m.dead_letters_held
+                .set(self.dead_letters.held.load(Ordering::Relaxed) as f64);
+            m.ordering_keys.set(self.keys.keys_in_flight() as f64);
+            m.ordering_parked.set(self.keys.parked() as f64);
+            m.ordering_longest_wait
+                .set(self.keys.longest_wait(self.clock.now()).as_secs_f64());
+        }
+    }
+
+    /// Moves the reject path's sampled costs into `triage_reject_cost_seconds` (the
+    /// exporter's histogram may allocate; the refuse path must not).
+    pub(crate) fn flush_reject_costs(&self) {
+        let histogram = &self.accounts.metrics.reject_cost;
+        self.reject_costs
+            .drain(|cost| histogram.record(cost.as_secs_f64()));
+    }
+}

@@ -1,0 +1,124 @@
+//! The signals the runtime measures per message, for the sampler (`sampler.rs`) to read on its
+//! tick, and what the sampler concludes from them for the gate and the deferral part to read:
+//! the shed level, how long shedding has lasted, how long the backlog takes to clear.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Measured per message, concluded per tick.
+#[derive(Default)]
+pub(crate) struct Signals {
+    /// Pull-based admission's shed level: pulled messages of tiers with `rank() < level` are
+    /// refused. Written by the sampler.
+    pub(crate) shed_level: AtomicU8,
+    /// When pull admission's level last rose from 0 (ns since the runtime's origin;
+    /// `u64::MAX` while it is 0): how long the current shedding episode has lasted. Written by
+    /// the sampler.
+    pub(crate) shedding_since_ns: AtomicU64,
+    /// The time the work ahead (the sources' lag, and the messages queued and held) takes to
+    /// clear at the estimated capacity, in ns (0: none, or no estimate yet). Written by the
+    /// sampler: while a backlog lasts the workers have no room, and the drains are pulled only
+    /// into room.
+    pub(crate) backlog_clear_ns: AtomicU64,
+    /// Messages pulled from non-drain sources, per tier rank: the arrival mix.
+    pub(crate) pulled: [AtomicU64; 4],
+    /// Of those, the ones with a deadline, and the sum of their deadline slack at intake in µs
+    /// (each at most `u32::MAX`), per tier rank: what pull-based admission predicts deadline
+    /// misses from.
+    pub(crate) pulled_with_deadline: [AtomicU64; 4],
+    pub(crate) slack_us: [AtomicU64; 4],
+    /// Handler runs finished, and their summed run time in ns: the capacity estimate.
+    pub(crate) served: AtomicU64,
+    pub(crate) busy_ns: AtomicU64,
+    /// Each non-drain source's lag, written by its intake (`u64::MAX`: unknown).
+    pub(crate) lags: parking_lot::Mutex<Vec<Arc<AtomicU64>>>,
+    /// Messages held by backpressure (by the intakes and by hold tasks).
+    pub(crate) held: AtomicI64,
+    /// Whether anything was ever offered with `try_submit` (queue-age admission then counts
+    /// in the load level).
+    pub(crate) pushed_seen: AtomicBool,
+    /// When each tier (rank) last had an item queued, ns since the runtime's origin (0: never).
+    pub(crate) last_work_ns: [AtomicU64; 4],
+}
+
+impl Signals {
+    pub(crate) fn new() -> Self {
+        Signals {
+            shedding_since_ns: AtomicU64::new(u64::MAX),
+            ..Signals::default()
+        }
+    }
+
+    /// Pull-based admission's shed level (0: nothing shed).
+    #[inline]
+    pub(crate) fn shed_level(&self) -> u8 {
+        self.shed_level.load(Ordering::Relaxed)
+    }
+
+    /// Messages held by backpressure now.
+    pub(crate) fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed).max(0) as u64
+    }
+
+    /// The mean handler run so far (busy time over calls), at most one second; zero before the
+    /// first call.
+    pub(crate) fn mean_service(&self) -> Duration {
+        let served = self.served.load(Ordering::Relaxed);
+        if served == 0 {
+            return Duration::ZERO;
+        }
+        let busy = self.busy_ns.load(Ordering::Relaxed);
+        Duration::from_nanos(busy / served).min(Duration::from_secs(1))
+    }
+
+    /// The sum of the non-drain sources' lags; `None` if any is unknown.
+    pub(crate) fn lag(&self) -> Option<u64> {
+        let lags = self.lags.lock();
+        let mut sum = 0u64;
+        for slot in lags.iter() {
+            let l = slot.load(Ordering::Relaxed);
+            if l == u64::MAX {
+                return None;
+            }
+            sum = sum.saturating_add(l);
+        }
+        Some(sum)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mean_service_is_busy_time_over_calls_at_most_a_second() {
+        let s = Signals::new();
+        assert_eq!(s.mean_service(), Duration::ZERO);
+        s.served.store(4, Ordering::Relaxed);
+        s.busy_ns.store(4_000_000, Ordering::Relaxed);
+        assert_eq!(s.mean_service(), Duration::from_millis(1));
+        s.busy_ns.store(40_000_000_000, Ordering::Relaxed);
+        assert_eq!(s.mean_service(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn the_lag_is_the_sum_or_unknown_if_any_source_cannot_tell() {
+        let s = Signals::new();
+        assert_eq!(s.lag(), Some(0));
+        let a = Arc::new(AtomicU64::new(5));
+        let b = Arc::new(AtomicU64::new(7));
+        s.lags.lock().extend([Arc::clone(&a), Arc::clone(&b)]);
+        assert_eq!(s.lag(), Some(12));
+        b.store(u64::MAX, Ordering::Relaxed);
+        assert_eq!(s.lag(), None);
+    }
+
+    #[test]
+    fn nothing_is_shed_and_no_episode_runs_at_start() {
+        let s = Signals::new();
+        assert_eq!(s.shed_level(), 0);
+        assert_eq!(s.shedding_since_ns.load(Ordering::Relaxed), u64::MAX);
+        assert_eq!(s.held(), 0);
+    }
+}
