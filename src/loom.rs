@@ -1,7 +1,8 @@
 //! The synchronisation primitives of the hand-written waiter protocols (the queue's
 //! `waiters`/`full_waiters` counts beside its lock, the concurrency limit's per-tier waiter
-//! counts beside its in-flight count), swapped for loom's models under `cfg(loom)` so that
-//! `tests/loom_queue.rs` explores every interleaving of them. The pattern is tokio's
+//! counts beside its in-flight count) and of the token buckets' timestamp, swapped for loom's
+//! models under `cfg(loom)` so that `tests/loom_queue.rs` and `tests/loom_bucket.rs` explore
+//! every interleaving of them. The pattern is tokio's
 //! `tokio/src/loom/mod.rs`; `event-listener` has its own loom support, enabled by the
 //! `cfg(loom)` dependency in Cargo.toml.
 //!
@@ -10,12 +11,37 @@
 //! ```
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{
+    fence, AtomicBool, AtomicU16, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{
-    fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+    fence, AtomicBool, AtomicU16, AtomicU64, AtomicU8, AtomicUsize, Ordering,
 };
+
+/// Waiting in a spin loop for another thread's short critical section (a token bucket being
+/// reconfigured): crossbeam's exponential backoff, which spins and then yields; under loom, a
+/// yield, so that the model lets the other thread run.
+#[derive(Debug, Default)]
+pub(crate) struct Backoff {
+    #[cfg(not(loom))]
+    inner: crossbeam_utils::Backoff,
+}
+
+impl Backoff {
+    pub(crate) fn new() -> Self {
+        Backoff::default()
+    }
+
+    #[inline]
+    pub(crate) fn snooze(&self) {
+        #[cfg(not(loom))]
+        self.inner.snooze();
+        #[cfg(loom)]
+        loom::thread::yield_now();
+    }
+}
 
 /// A mutex with parking_lot's interface: `lock` returns the guard (no poisoning).
 #[derive(Debug, Default)]

@@ -1,10 +1,9 @@
 //! The four tiers' token buckets and the borrowing chain between them.
 
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
-
 use quanta::{Clock, Instant};
 
 use crate::admission::{BucketsConfig, TokenBucket};
+use crate::loom::{AtomicBool, AtomicU16, Ordering};
 use crate::Criticality;
 
 /// What a granted token was taken from, so it can be given back if the message is refused
@@ -27,9 +26,9 @@ pub enum Grant {
 /// spell); when its bucket is empty it tries its lenders in the configured order (default:
 /// Critical borrows from High). A tier without a bucket is not limited and never borrows.
 /// Lock-free and allocation-free: a token is one compare-and-swap on the bucket's theoretical
-/// arrival time ([`TokenBucket`]), time comes from the injectable clock, and without any
-/// bucket configured [`try_acquire`](TierBuckets::try_acquire) is one atomic load and reads no
-/// clock.
+/// arrival time ([`TokenBucket`]; only a live [`apply`](TierBuckets::apply) makes a take wait,
+/// for a few instructions), time comes from the injectable clock, and without any bucket
+/// configured [`try_acquire`](TierBuckets::try_acquire) is one atomic load and reads no clock.
 ///
 /// # Where a pull-based consumer checks it
 ///
@@ -175,7 +174,9 @@ impl TierBuckets {
         self.buckets[tier.rank()].fill(self.now_ns())
     }
 
-    /// Whole tokens in `tier`'s bucket now (`u64::MAX` for a tier without a bucket).
+    /// Whole tokens in `tier`'s bucket now, at most its burst (`u64::MAX` for a tier without a
+    /// bucket). Concurrent takes and reconfigurations never make it wrap: a take at a later
+    /// instant than this call's clock reading leaves it reading 0.
     pub fn tokens(&self, tier: Criticality) -> u64 {
         self.buckets[tier.rank()].tokens(self.now_ns())
     }
