@@ -22,10 +22,12 @@ use crate::{Criticality, PerTier};
 /// - **A tier is refused** (reason `memory`, then its refusal policy) when admitting the
 ///   message would make the *working set* exceed its threshold (default Sheddable 0.50,
 ///   Medium 0.70, High 0.85, Critical 1.0 of the budget). The working set is every byte held
-///   except the messages already waiting under backpressure: those are in memory either way,
-///   and counting them against each other would keep a held tier out for ever once its own
-///   backlog passed its threshold. A message that is alone in memory is always admitted (it
-///   is there already; refusing it frees nothing).
+///   except the messages waiting: held under backpressure, or parked behind an earlier
+///   message of their ordering key. Those are in memory either way, and counting them against
+///   each other would keep a held tier out for ever once its own backlog passed its
+///   threshold, or a key's message out for ever behind the messages parked after it (which
+///   wait for it). A message alone in the working set is always admitted (it is there
+///   already; refusing it frees nothing).
 /// - **The intake stops pulling** ([`may_pull`](MemoryBudget::may_pull)) while the bytes held
 ///   plus the largest message seen so far would pass the budget: a pulled message is in memory
 ///   before anyone can refuse it, so the budget is kept by not pulling. With messages no larger
@@ -106,7 +108,7 @@ impl MemoryBudget {
     }
 
     /// A message of `size` bytes left the process (settled or released); `waiting`: it was
-    /// marked waiting under backpressure.
+    /// marked waiting (held under backpressure or parked behind its key).
     #[inline]
     pub fn remove(&self, size: u64, waiting: bool) {
         if size == 0 {
@@ -118,16 +120,21 @@ impl MemoryBudget {
         self.held.fetch_sub(size, Ordering::Relaxed);
     }
 
-    /// A message of `size` bytes now waits under backpressure (out of the working set).
+    /// A message of `size` bytes now waits, held under backpressure or parked behind its
+    /// ordering key (out of the working set).
     #[inline]
     pub fn mark_waiting(&self, size: u64) {
-        self.waiting.fetch_add(size, Ordering::Relaxed);
+        if size != 0 {
+            self.waiting.fetch_add(size, Ordering::Relaxed);
+        }
     }
 
     /// A waiting message of `size` bytes is offered again (back in the working set).
     #[inline]
     pub fn unmark_waiting(&self, size: u64) {
-        self.waiting.fetch_sub(size, Ordering::Relaxed);
+        if size != 0 {
+            self.waiting.fetch_sub(size, Ordering::Relaxed);
+        }
     }
 
     /// Whether a message of `tier` and `size` bytes, already counted in the working set, may
@@ -172,12 +179,14 @@ impl MemoryBudget {
         self.held.load(Ordering::Relaxed)
     }
 
-    /// Of [`held`](MemoryBudget::held), the bytes of messages waiting under backpressure.
+    /// Of [`held`](MemoryBudget::held), the bytes of messages waiting: held under
+    /// backpressure or parked behind their ordering key.
     pub fn waiting(&self) -> u64 {
         self.waiting.load(Ordering::Relaxed)
     }
 
-    /// Bytes held and not waiting: queued, deferring, waiting to retry, in a handler.
+    /// Bytes held and not waiting (the working set): queued, deferring, waiting to retry, in
+    /// a handler.
     pub fn working(&self) -> u64 {
         self.held().saturating_sub(self.waiting())
     }

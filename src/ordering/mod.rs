@@ -55,6 +55,11 @@
 //! parks that many, every intake pauses its source (as a full held buffer does) until keys
 //! complete. So memory stays within `capacity + max_held + max_parked +` in flight.
 //!
+//! Against a [memory budget](crate::admission::MemoryBudget), parked messages count in the
+//! bytes held (the intake stops pulling as for any) but not in the working set a message is
+//! admitted against: they wait for their key, in memory either way, so a key's message is
+//! never refused for the bytes of the messages parked behind it.
+//!
 //! # When to use which mode
 //!
 //! - `unordered`: independent messages (notifications, idempotent upserts of whole

@@ -153,7 +153,8 @@ pub(crate) struct Item<T> {
     pub(crate) circuit: Option<Arc<CircuitBreaker>>,
     /// Its first admission decision is counted (`triage_admission_decisions_total`).
     pub(crate) decided: bool,
-    /// Waiting under backpressure: its bytes are out of the memory budget's working set.
+    /// Waiting (held under backpressure, or parked behind its ordering key): its bytes are
+    /// out of the memory budget's working set.
     waiting: bool,
     /// Why it was last refused or evicted; `None` while it never was.
     pub(crate) last_refusal: Option<Refusal>,
@@ -337,8 +338,8 @@ impl<T> Item<T> {
         self.waiting = false;
     }
 
-    /// It waits under backpressure: out of the memory budget's working set until offered
-    /// again.
+    /// It waits (held under backpressure, or parked behind its key): out of the memory
+    /// budget's working set until offered again.
     pub(crate) fn mark_waiting(&mut self) {
         if !self.waiting {
             self.waiting = true;

@@ -43,15 +43,23 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// A message taken from a source or a producer meets the key gate: `Some` to go on (not
     /// keyed, or the first of its key inside), `None` when parked behind its key (or released,
     /// the gate being closed at shutdown).
-    pub(crate) fn pass_gate(&self, item: Item<T>) -> Option<Item<T>> {
+    pub(crate) fn pass_gate(&self, mut item: Item<T>) -> Option<Item<T>> {
         let Some(key) = item.key else {
             return Some(item);
         };
+        // Parked, it is in memory either way and waits for its key, not for room: out of the
+        // memory budget's working set, as a message held under backpressure is, so the
+        // messages parked behind a key never keep that key's own message out of the budget.
+        // Its offer, when the key lets it through, counts it in again.
+        item.mark_waiting();
         match self
             .keys
             .arrive(key, item, crate::queue::time::recent(&self.clock))
         {
-            Arrival::Admitted(item) => Some(item),
+            Arrival::Admitted(mut item) => {
+                item.unmark_waiting();
+                Some(item)
+            }
             Arrival::Parked => None,
             // Shutting down: released unacknowledged, with the rest of its key.
             Arrival::Closed(item) => {
