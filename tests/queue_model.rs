@@ -26,6 +26,11 @@ enum Action {
         max_bytes: Option<usize>,
         weights: [u32; 4],
     },
+    /// Withdraws the items whose id is `rest` modulo `modulo` (a revoked partition's, say).
+    DrainWhere {
+        modulo: u64,
+        rest: u64,
+    },
 }
 
 fn tier() -> impl Strategy<Value = Criticality> {
@@ -54,6 +59,7 @@ fn action() -> impl Strategy<Value = Action> {
         2 => (0..100u16).prop_map(Action::Advance),
         1 => (1..24usize, proptest::option::of(64..400usize), proptest::array::uniform4(1..10u32))
             .prop_map(|(capacity, max_bytes, weights)| Action::Reconfigure { capacity, max_bytes, weights }),
+        1 => (1..4u64, 0..4u64).prop_map(|(modulo, rest)| Action::DrainWhere { modulo, rest }),
     ]
 }
 
@@ -318,6 +324,27 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                     expected.push(model.evict_below(4).unwrap().id);
                 }
                 prop_assert_eq!(evicted, expected, "shrinking evicts by the push rule");
+            }
+            Action::DrainWhere { modulo, rest } => {
+                let matches = |id: u64| id % modulo == rest;
+                let drained: Vec<u64> = queue
+                    .drain_where(|&id| matches(id))
+                    .into_iter()
+                    .map(|e| e.into_inner())
+                    .collect();
+                // Most critical first, oldest first; the rest keep their order.
+                let expected: Vec<u64> = model
+                    .tiers
+                    .iter()
+                    .rev()
+                    .flatten()
+                    .map(|i| i.id)
+                    .filter(|&id| matches(id))
+                    .collect();
+                for tier in &mut model.tiers {
+                    tier.retain(|i| !matches(i.id));
+                }
+                prop_assert_eq!(drained, expected, "drain_where takes exactly the matches");
             }
         }
         // Invariants after every step.

@@ -214,6 +214,37 @@ impl<T> KeyGate<T> {
         out
     }
 
+    /// The message of `key` past the gate left without a disposition (handed back to its
+    /// source unprocessed): frees the key and returns every message parked behind it, oldest
+    /// first, which must leave with it (served now, they would run before it comes back).
+    /// Returns nothing, and changes nothing, for a key that is not busy. One hash-map removal,
+    /// where [`drain_where`](KeyGate::drain_where) would visit every parked message.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use triage::ordering::{Arrival, KeyGate};
+    ///
+    /// let gate = KeyGate::new();
+    /// let now = triage::quanta::Clock::new().now();
+    /// assert_eq!(gate.arrive(7, "a", now), Arrival::Admitted("a"));
+    /// assert_eq!(gate.arrive(7, "b", now), Arrival::Parked);
+    /// // "a" is handed back to the broker: "b" goes back with it, and key 7 is free.
+    /// assert_eq!(gate.withdraw(7), ["b"]);
+    /// assert_eq!((gate.keys_in_flight(), gate.parked()), (0, 0));
+    /// assert_eq!(gate.arrive(7, "a", now), Arrival::Admitted("a"));
+    /// assert!(gate.withdraw(8).is_empty());
+    /// ```
+    pub fn withdraw(&self, key: u64) -> Vec<T> {
+        let mut st = self.state.lock();
+        let Some(lane) = st.lanes.remove(&key) else {
+            return Vec::new();
+        };
+        self.keys.fetch_sub(1, Ordering::Relaxed);
+        self.parked.fetch_sub(lane.len(), Ordering::Relaxed);
+        lane.into_iter().map(|(item, _)| item).collect()
+    }
+
     /// Closes the gate (shutdown): returns every parked message, oldest first per key, and
     /// hands back every later arrival. Keys stay busy until their message past the gate is
     /// released, which then frees them.

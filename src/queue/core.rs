@@ -479,6 +479,31 @@ impl<T> Core<T> {
         out
     }
 
+    /// Takes out every item for which `pred` returns `true`, most critical tier first and
+    /// oldest first within a tier, counted as drained; the others keep their order. Visits
+    /// every item once (each tier rotated through itself, no allocation but the result).
+    pub(crate) fn drain_where(&mut self, mut pred: impl FnMut(&T) -> bool) -> Vec<Entry<T>> {
+        let mut out = Vec::new();
+        for rank in (0..self.tiers.len()).rev() {
+            for _ in 0..self.tiers[rank].len() {
+                let Some(e) = self.tiers[rank].pop_front() else {
+                    break;
+                };
+                if pred(&e.item) {
+                    self.take_out(rank, &e);
+                    self.stats[rank].drained += 1;
+                    out.push(e);
+                } else {
+                    self.tiers[rank].push_back(e);
+                }
+            }
+            if self.tiers[rank].is_empty() {
+                self.backlog &= !(1 << rank);
+            }
+        }
+        out
+    }
+
     /// Closes the queue and hands back everything it holds, most critical first, oldest first.
     pub(crate) fn close(&mut self) -> Vec<Entry<T>> {
         self.closed = true;

@@ -19,7 +19,9 @@ pub struct TierStats {
     pub evicted: u64,
     /// Refused pushes, by [`RefuseReason`] (`overloaded`, `full`, `too_large`, `closed`).
     pub refused: [u64; 4],
-    /// Items handed back by [`WfqQueue::close`](crate::queue::WfqQueue::close).
+    /// Items handed back unserved at the caller's request: by
+    /// [`WfqQueue::close`](crate::queue::WfqQueue::close) or
+    /// [`WfqQueue::drain_where`](crate::queue::WfqQueue::drain_where).
     pub drained: u64,
     /// Items held now.
     pub depth: u64,

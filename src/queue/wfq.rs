@@ -776,6 +776,50 @@ impl<T> WfqQueue<T> {
         items
     }
 
+    /// Takes out every held item for which `pred` returns `true` and hands them back, most
+    /// critical tier first and oldest first within a tier, counted in
+    /// [`TierStats::drained`](super::TierStats::drained); the others keep their places and
+    /// their order. For a caller that must withdraw some of what it queued without serving it:
+    /// the messages of a source that lost them (a revoked partition), or those that have
+    /// waited as long as their broker allows unacknowledged.
+    ///
+    /// Visits every item once, under the lock: a scan of the queue, for events (a
+    /// revocation), not for every message.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use triage::queue::{Meta, WfqConfig, WfqQueue};
+    /// use triage::Criticality;
+    ///
+    /// let queue = WfqQueue::new(WfqConfig::with_capacity(8))?;
+    /// for (partition, offset) in [(0, 10), (1, 20), (0, 11), (1, 21)] {
+    ///     assert!(queue.push((partition, offset), Meta::new(Criticality::High))?.is_empty());
+    /// }
+    /// // Partition 1 was revoked: its records leave, the others stay in order.
+    /// let revoked: Vec<_> = queue
+    ///     .drain_where(|&(p, _)| p == 1)
+    ///     .into_iter()
+    ///     .map(|e| e.into_inner())
+    ///     .collect();
+    /// assert_eq!(revoked, [(1, 20), (1, 21)]);
+    /// assert_eq!(queue.len(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn drain_where(&self, pred: impl FnMut(&T) -> bool) -> Vec<Entry<T>> {
+        let mut st = self.state.lock();
+        let out = st.core.drain_where(pred);
+        if out.is_empty() {
+            return out;
+        }
+        // Younger heads: queue-age admission is re-evaluated now, as after a pop.
+        let now = self.now();
+        self.observe(&mut st, now);
+        drop(st);
+        self.not_full.notify(usize::MAX);
+        out
+    }
+
     /// Whether [`close`](Self::close) was called.
     pub fn is_closed(&self) -> bool {
         self.shed_level.load(Ordering::Relaxed) == CLOSED_LEVEL
@@ -1329,6 +1373,49 @@ mod tests {
         let only_first = b.try_pop().unwrap().into_entry();
         assert_eq!(first.into_inner(), only_first.into_inner());
         assert_eq!(items(&a), items(&b));
+    }
+
+    /// `drain_where` takes exactly the matches, most critical first and oldest first, leaves
+    /// the others in their order, counts what it took as drained (the stats balance), makes
+    /// room for a push, and re-evaluates queue-age admission at once: draining the old head
+    /// that shed a tier admits it again without waiting for a push or a pop.
+    #[test]
+    fn drain_where_takes_the_matches_and_rereads_the_ages() {
+        let (clock, mock) = Clock::mock();
+        let config = WfqConfig::with_capacity(4);
+        let q = WfqQueue::with_clock(config, clock).expect("valid config");
+        for (i, tier) in [
+            Criticality::Sheddable,
+            Criticality::High,
+            Criticality::Sheddable,
+            Criticality::High,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            assert!(q.push(i as u32, Meta::new(tier)).unwrap().is_empty());
+        }
+        mock.increment(Duration::from_secs(1));
+        q.refresh_admission();
+        assert!(!q.admits(Criticality::Sheddable), "aged a second");
+        let taken: Vec<u32> = q
+            .drain_where(|&i| i != 2)
+            .into_iter()
+            .map(|e| e.into_inner())
+            .collect();
+        assert_eq!(taken, [1, 3, 0]);
+        let stats = q.stats();
+        assert_eq!(stats.tier(Criticality::High).drained, 2);
+        assert_eq!(stats.tier(Criticality::Sheddable).drained, 1);
+        assert!(stats.balances(), "{stats}");
+        assert_eq!(q.len(), 1);
+        assert!(q.drain_where(|_| false).is_empty());
+        // The one left is as old as the drained ones: still shed. Drained too, the queue is
+        // empty and admits again at once.
+        assert!(!q.admits(Criticality::Sheddable));
+        assert_eq!(q.drain_where(|_| true).len(), 1);
+        assert!(q.admits(Criticality::Sheddable));
+        assert_eq!(q.len(), 0);
     }
 
     #[test]
