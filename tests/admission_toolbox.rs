@@ -402,3 +402,35 @@ async fn pulled_critical_over_its_rate_is_paced_in_order_and_never_lost() {
     let report = rt.shutdown(Duration::from_secs(5)).await;
     assert!(report.stats.balances(), "{report}");
 }
+
+/// A Defer tier refused by the operator's forced level while its defer sink is failing falls
+/// back to backpressure, and `try_submit` says why: `Overloaded` (the forced level), not
+/// `Full` (the queue is empty).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_defer_tier_refused_by_the_forced_level_with_its_sink_down_comes_back_overloaded() {
+    use triage::runtime::MemorySink;
+    let (clock, _mock) = Clock::mock();
+    let mut config = config();
+    config.policy[High] = RefusalPolicy::Defer;
+    config.forced_shed_level = 3;
+    let sink = Arc::new(MemorySink::new());
+    sink.set_failing(true);
+    let rt = Runtime::builder(config)
+        .clock(clock)
+        .defer_sink(Arc::clone(&sink))
+        .start(|_job: Job<u64>| async { Ok(()) })
+        .unwrap();
+    // Refused by force and deferred; the publish fails, so the sink is marked unhealthy and
+    // this message waits under backpressure (taken: `Ok`).
+    rt.try_submit(env(0, High)).unwrap();
+    tokio::task::yield_now().await;
+    let refused = rt.try_submit(env(1, High)).unwrap_err();
+    assert!(
+        matches!(refused, SubmitError::Overloaded(_)),
+        "{refused:?} with nothing queued"
+    );
+    assert_eq!(rt.stats().queued, 0);
+    drop(refused);
+    let report = rt.shutdown(Duration::from_millis(100)).await;
+    assert!(report.stats.balances(), "{report}");
+}

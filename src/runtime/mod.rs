@@ -435,6 +435,8 @@ impl<T: Send + Sync + 'static> Runtime<T> {
     /// - [`SubmitError::Overloaded`]: queue-age admission, or the operator's
     ///   [`forced_shed_level`](RuntimeConfig::forced_shed_level), refuses the tier; nothing
     ///   recorded but the `triage_refused_total` counter (reason `overloaded` or `forced`).
+    ///   (A `defer` tier whose defer sink is failing falls back to backpressure only once the
+    ///   message is taken: it is then counted as consumed and released, like `Full`.)
     /// - [`SubmitError::Full`]: the queue is full with nothing lower to evict; the message was
     ///   counted as consumed and then released. (A message with an ordering key is held
     ///   instead, since the later messages of its key must not run before it: `Ok(())`.)
@@ -484,6 +486,10 @@ impl<T: Send + Sync + 'static> Runtime<T> {
             engine::Offer::Hold(item) => match (item.last_refusal, item.hand_back()) {
                 (Some(Refusal::Rate), Ok(envelope)) => Err(SubmitError::RateLimited(envelope)),
                 (Some(Refusal::Memory), Ok(envelope)) => Err(SubmitError::Memory(envelope)),
+                // Refused for load (a `defer` tier whose sink is failing gets here): not `Full`.
+                (Some(Refusal::Overloaded | Refusal::Forced), Ok(envelope)) => {
+                    Err(SubmitError::Overloaded(envelope))
+                }
                 (_, Ok(envelope)) => Err(SubmitError::Full(envelope)),
                 (_, Err(item)) => {
                     inner.hold_in_task(item);
