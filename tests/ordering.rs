@@ -395,3 +395,48 @@ async fn a_keyed_message_expired_at_intake_does_not_release_its_key() {
     let expected: Vec<u32> = (0..40).filter(|s| s % 4 == 0 || s % 4 == 3).collect();
     assert_eq!(served, expected);
 }
+
+/// A long run of one key's messages, each shed as the key reaches it: settling one releases
+/// the next, which is shed and releases the one after. The runtime drives that as a loop, so
+/// the stack does not grow with the run (20,000 nested settles would overflow a worker's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_long_run_of_one_keys_messages_shed_in_turn_does_not_grow_the_stack() {
+    const RUN: u32 = 20_000;
+    let broker = MemoryBroker::new();
+    broker.publish_keyed((7, 0), Criticality::Critical, None, 7);
+    for seq in 1..=RUN {
+        broker.publish_keyed((7, seq), Criticality::Sheddable, None, 7);
+    }
+    broker.close();
+    let mut c = config(1, 64);
+    c.max_parked = (RUN as usize * 2).try_into().unwrap();
+    // Sheddable is refused whatever the signals, and dropped.
+    c.forced_shed_level = 1;
+    c.policy[Criticality::Sheddable] = RefusalPolicy::Drop;
+    let first = Arc::new(tokio::sync::Semaphore::new(0));
+    let go = Arc::clone(&first);
+    let mut rt = Runtime::builder(c)
+        .start(move |job: Job<Msg>| {
+            let go = Arc::clone(&go);
+            async move {
+                if job.payload().1 == 0 {
+                    // Held until the rest of the key is parked behind it.
+                    let _ = go.acquire().await;
+                }
+                Ok::<(), HandlerError>(())
+            }
+        })
+        .unwrap();
+    rt.attach(broker.source());
+    while rt.stats().parked < u64::from(RUN) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    first.add_permits(1);
+    rt.wait_idle().await;
+    let report = rt.shutdown(Duration::from_secs(5)).await;
+    assert!(report.stats.balances(), "{report}");
+    let acks = broker.acks();
+    assert_eq!(acks.completed, 1);
+    assert_eq!(acks.shed, u64::from(RUN));
+    assert_eq!(acks.pending, 0);
+}

@@ -1,7 +1,7 @@
 //! Model test of the key-ordering bookkeeping: random arrivals, dispatches, completions,
 //! failures with retries, expiries (in the queue and while parked), evictions (shed, or held
 //! under backpressure and re-admitted) run through the [`KeyGate`] with the release protocol
-//! the runtime follows (`Inner::settle` -> `release_key`), and recalls: a source takes back
+//! the runtime follows (`Inner::settle` -> `Inner::release`), and recalls: a source takes back
 //! every message of one of its streams (a Kafka partition revoked), so the parked ones leave the
 //! gate (`KeyGate::drain_where`), those queued, held or waiting to retry are released and free
 //! their key, and those running finish (a retry of theirs is released when it would start).

@@ -12,6 +12,7 @@ use crate::admission::Outcome;
 use crate::queue::{Dequeued, TierMask, TryPopError};
 use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::item::Item;
+use crate::runtime::settle::Freed;
 use crate::runtime::HandlerError;
 use crate::Criticality;
 
@@ -160,12 +161,14 @@ impl<T: Send + Sync + 'static> Inner<T> {
                     self.accounts.metrics.tiers[tier].withdrawn.increment(1);
                     self.accounts.withdrawn[tier.rank()].fetch_add(1, Ordering::Relaxed);
                 }
-                match self.refused_circuit(item, None) {
+                let mut freed = Freed::default();
+                match self.refused_circuit(item, None, &mut freed) {
                     Offer::Taken => {}
                     Offer::Hold(i) | Offer::Evicted(i) | Offer::CircuitHold(i) => {
                         self.hold_in_task(i)
                     }
                 }
+                self.release(freed);
                 return None;
             }
             None => None,

@@ -1,16 +1,156 @@
-//! The admission gate: the checks an offered message meets before it is queued, in one order,
-//! and the push into the queue of what they admit. What they refuse goes to the policy step
-//! (`policy.rs`) with its [`Refusal`].
+//! The admission gate: one question per offered message, answered by [`decide`] with a grant
+//! or one [`Refusal`], and the push into the queue of what it admits. What it refuses goes to
+//! the policy step (`policy.rs`).
+//!
+//! # The checks, in order
+//!
+//! 1. **Circuit** (`circuit`): a message bound for a downstream whose circuit is open would only
+//!    fail; refused whatever the load.
+//! 2. **Forced level** (`forced`): the operator's switch refuses the lowest tiers whatever the
+//!    signals say (seed 002: one switch).
+//! 3. **Shed level** (`overloaded`, pulled messages only): pull-based admission's level refuses
+//!    the lowest tiers while arrival is beyond capacity, but only while the workers have the
+//!    prefetch queued: refusal makes room for more important work, and idle workers next to
+//!    held work make none.
+//! 4. **Memory** (`memory`): the bytes held against the tier's share of the memory budget.
+//! 5. **Queue full** (`full`, pulled messages whose policy is Backpressure only): a message that
+//!    would wait for a full queue with nothing below its tier to evict is refused on the
+//!    queue's published length and backlog, without its lock (taken against every worker's
+//!    pop); held by the intake, it is offered again after the next pop. The hint counts items
+//!    past their deadline that a push would discard; they leave at the next pop too.
+//! 6. **Rate** (`rate`): the tier's token bucket, and its lenders'. Last, so that no token is
+//!    spent on a message refused anyway.
+//!
+//! Then the push, which may still refuse (`full`, `too_large`, or `overloaded` for pushed
+//! work, which queue-age admission decides) and gives the token back if so, or evict lower
+//! tiers (`evicted`), each victim going to its own tier's policy.
+//!
+//! Expiry is no admission decision but a disposition: an item past its deadline is settled
+//! `Expired` where it re-enters (at intake from its headers, leaving the key gate, in the hold
+//! loops, at the queue's push and pop, and at dispatch), never refused here.
+//!
+//! The rules are a plain function over [`Checks`], tested alone with a fake; the runtime's
+//! implementation reads its parts (`Against`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::admission::{admits_at, Decision};
+use crate::admission::{admits_at, Decision, Grant};
 use crate::queue::{Meta, Removed};
 use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::item::Item;
 use crate::runtime::refusal::Refusal;
+use crate::runtime::settle::Freed;
 use crate::runtime::RefusalPolicy;
+use crate::Criticality;
+
+/// What the gate knows of the offered message itself.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Offered {
+    /// The tier it is offered at (demoted once per retry).
+    pub(crate) tier: Criticality,
+    /// Offered by an in-process producer (`try_submit`): queue-age admission decides at the
+    /// push, not the pull-based level.
+    pub(crate) pushed: bool,
+}
+
+/// What the checks read: the signals and parts behind each of them. Each is asked only when
+/// the checks before it admitted the message.
+pub(crate) trait Checks {
+    /// Whether its downstream's circuit admits it (true without a downstream).
+    fn circuit_admits(&mut self) -> bool;
+    /// The operator's forced shed level.
+    fn forced_level(&self) -> u8;
+    /// Pull-based admission's shed level.
+    fn shed_level(&self) -> u8;
+    /// Whether the queue holds the prefetch: every worker has work.
+    fn workers_busy(&self) -> bool;
+    /// Whether the memory budget admits its bytes.
+    fn memory_admits(&mut self, tier: Criticality) -> bool;
+    /// Whether the queue looks full for `tier`, with nothing below it to evict.
+    fn looks_full_for(&self, tier: Criticality) -> bool;
+    /// Whether its tier's policy holds it when refused (Backpressure).
+    fn waits_when_refused(&self) -> bool;
+    /// A token of its tier's bucket (or a lender's), if there is one.
+    fn take_token(&mut self, tier: Criticality) -> Option<Grant>;
+}
+
+/// The gate's answer for `offered`: a grant (the token to give back if the push refuses), or
+/// the first [`Refusal`] in the order of the module docs.
+#[inline]
+pub(crate) fn decide(offered: Offered, checks: &mut impl Checks) -> Result<Grant, Refusal> {
+    let tier = offered.tier;
+    if !checks.circuit_admits() {
+        return Err(Refusal::Circuit);
+    }
+    if !admits_at(checks.forced_level(), tier) {
+        return Err(Refusal::Forced);
+    }
+    if !offered.pushed && !admits_at(checks.shed_level(), tier) && checks.workers_busy() {
+        return Err(Refusal::Overloaded);
+    }
+    if !checks.memory_admits(tier) {
+        return Err(Refusal::Memory);
+    }
+    if !offered.pushed && checks.looks_full_for(tier) && checks.waits_when_refused() {
+        return Err(Refusal::Full);
+    }
+    checks.take_token(tier).ok_or(Refusal::Rate)
+}
+
+/// The runtime's [`Checks`] for one item.
+struct Against<'a, T> {
+    inner: &'a Inner<T>,
+    item: &'a mut Item<T>,
+}
+
+impl<T: Send + Sync + 'static> Checks for Against<'_, T> {
+    #[inline]
+    fn circuit_admits(&mut self) -> bool {
+        self.item
+            .circuit
+            .as_ref()
+            .is_none_or(|b| self.inner.breakers.admits(b))
+    }
+
+    #[inline]
+    fn forced_level(&self) -> u8 {
+        self.inner.live.forced_level()
+    }
+
+    #[inline]
+    fn shed_level(&self) -> u8 {
+        self.inner.signals.shed_level()
+    }
+
+    fn workers_busy(&self) -> bool {
+        self.inner.queue.len() >= self.inner.prefetch()
+    }
+
+    #[inline]
+    fn memory_admits(&mut self, tier: Criticality) -> bool {
+        // Offered again after waiting under backpressure: back in the memory working set.
+        self.item.unmark_waiting();
+        self.inner
+            .accounts
+            .memory
+            .admits(tier, self.item.size_bytes as u64)
+    }
+
+    #[inline]
+    fn looks_full_for(&self, tier: Criticality) -> bool {
+        self.inner.queue.looks_full_for(tier)
+    }
+
+    fn waits_when_refused(&self) -> bool {
+        self.inner.policy(self.item) == RefusalPolicy::Backpressure
+    }
+
+    #[inline]
+    fn take_token(&mut self, tier: Criticality) -> Option<Grant> {
+        self.inner.buckets.try_acquire(tier)
+    }
+}
 
 impl<T: Send + Sync + 'static> Inner<T> {
     /// Admission: push into the queue, apply the policy to whatever is refused or evicted.
@@ -19,58 +159,51 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// that fails on one atomic load, counter increments on pre-registered handles, and the
     /// ack's resolve.
     pub(crate) fn offer(self: &Arc<Self>, item: Item<T>) -> Offer<T> {
-        self.offer_with(item, false)
+        let mut freed = Freed::default();
+        let offer = self.offer_into(item, false, &mut freed);
+        self.release(freed);
+        offer
     }
 
     /// [`offer`](Self::offer) for a worker that pulled the item itself and pops right after:
     /// its push wakes no other worker (see `WfqQueue::push_admitted_quiet`).
     pub(crate) fn offer_quiet(self: &Arc<Self>, item: Item<T>) -> Offer<T> {
-        self.offer_with(item, true)
+        let mut freed = Freed::default();
+        let offer = self.offer_into(item, true, &mut freed);
+        self.release(freed);
+        offer
     }
 
-    pub(crate) fn offer_with(self: &Arc<Self>, mut item: Item<T>, quiet: bool) -> Offer<T> {
+    /// [`offer`](Self::offer) inside a step: the keys of the messages it settles (shed by their
+    /// policy, expired or evicted by its push) go to `freed`, for the caller's loop.
+    pub(crate) fn offer_into(
+        self: &Arc<Self>,
+        mut item: Item<T>,
+        quiet: bool,
+        freed: &mut Freed,
+    ) -> Offer<T> {
         let tier = item.tier();
         let started = self.reject_costs.sampling().then(|| self.clock.now());
-        // A message bound for a downstream whose circuit is open would only fail: refused before
-        // it takes a place in the queue, whatever the load.
-        if let Some(b) = &item.circuit {
-            if !self.breakers.admits(b) {
-                return self.refused_circuit(item, started);
+        let offered = Offered {
+            tier,
+            pushed: item.pushed,
+        };
+        let verdict = decide(
+            offered,
+            &mut Against {
+                inner: self,
+                item: &mut item,
+            },
+        );
+        let grant = match verdict {
+            Ok(grant) => grant,
+            Err(Refusal::Circuit) => return self.refused_circuit(item, started, freed),
+            Err(reason) => {
+                if reason == Refusal::Memory {
+                    self.accounts.memory.note_refusal(tier);
+                }
+                return self.refused(item, reason, started, freed);
             }
-        }
-        // The operator's forced level refuses whatever the signals say (seed 002: one switch).
-        if !admits_at(self.live.forced_level(), tier) {
-            return self.refused(item, Refusal::Forced, started);
-        }
-        // A shed tier is refused only while the workers have enough queued to do: refusal makes
-        // room for more important work, and idle workers next to held work make none.
-        if !item.pushed
-            && !admits_at(self.signals.shed_level(), tier)
-            && self.queue.len() >= self.prefetch()
-        {
-            return self.refused(item, Refusal::Overloaded, started);
-        }
-        // Offered again after waiting under backpressure: back in the memory working set.
-        item.unmark_waiting();
-        if !self.accounts.memory.admits(tier, item.size_bytes as u64) {
-            self.accounts.memory.note_refusal(tier);
-            return self.refused(item, Refusal::Memory, started);
-        }
-        // A pulled message that would wait (Backpressure) for a full queue with nothing below
-        // its tier to evict is refused on the queue's published length and backlog, without
-        // its lock: at 10x that lock is taken against every worker's pop, and a refusal under
-        // it cost a p50 of 1-2 µs in the proving ground. Held by the intake, the message is
-        // offered again after the next pop. The hint counts items past their deadline that a
-        // push would discard; they leave at the next pop too.
-        if !item.pushed
-            && self.queue.looks_full_for(tier)
-            && self.policy(&item) == RefusalPolicy::Backpressure
-        {
-            return self.refused(item, Refusal::Full, started);
-        }
-        // The bucket last, so no token is spent on a message refused anyway.
-        let Some(grant) = self.buckets.try_acquire(tier) else {
-            return self.refused(item, Refusal::Rate, started);
         };
         let first_admission = !item.admitted_before;
         item.admitted_before = true;
@@ -109,14 +242,14 @@ impl<T: Send + Sync + 'static> Inner<T> {
                         Removed::Evicted(e) => e,
                         // Room made by discarding what had outlived its deadline.
                         Removed::Expired(e) => {
-                            self.expire(e.into_inner());
+                            self.expire_into(e.into_inner(), freed);
                             continue;
                         }
                     };
                     let victim = e.into_inner();
                     let t = victim.tier();
                     self.accounts.refusals.add(t, Refusal::Evicted);
-                    if let Offer::Hold(v) = self.refuse(victim, Refusal::Evicted) {
+                    if let Offer::Hold(v) = self.refuse(victim, Refusal::Evicted, freed) {
                         // A count-bounded queue evicts at most one item per push; a byte budget
                         // may evict more, and those of a Backpressure tier go back to the queue
                         // later via the caller or a retry task.
@@ -141,8 +274,218 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 let mut item = err.into_inner();
                 item.admitted_before = !first_admission;
                 item.decided = !undecided;
-                self.refused(item, reason, started)
+                self.refused(item, reason, started, freed)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Criticality::*;
+
+    /// Every check admits, unless told otherwise; counts the tokens taken.
+    struct Fake {
+        circuit: bool,
+        forced: u8,
+        shed: u8,
+        busy: bool,
+        memory: bool,
+        full: bool,
+        waits: bool,
+        tokens: u32,
+        asked: Vec<&'static str>,
+    }
+
+    impl Default for Fake {
+        fn default() -> Self {
+            Fake {
+                circuit: true,
+                forced: 0,
+                shed: 0,
+                busy: true,
+                memory: true,
+                full: false,
+                waits: true,
+                tokens: 1,
+                asked: Vec::new(),
+            }
+        }
+    }
+
+    impl Checks for Fake {
+        fn circuit_admits(&mut self) -> bool {
+            self.asked.push("circuit");
+            self.circuit
+        }
+        fn forced_level(&self) -> u8 {
+            self.forced
+        }
+        fn shed_level(&self) -> u8 {
+            self.shed
+        }
+        fn workers_busy(&self) -> bool {
+            self.busy
+        }
+        fn memory_admits(&mut self, _: Criticality) -> bool {
+            self.asked.push("memory");
+            self.memory
+        }
+        fn looks_full_for(&self, _: Criticality) -> bool {
+            self.full
+        }
+        fn waits_when_refused(&self) -> bool {
+            self.waits
+        }
+        fn take_token(&mut self, tier: Criticality) -> Option<Grant> {
+            self.asked.push("token");
+            (self.tokens > 0).then(|| {
+                self.tokens -= 1;
+                Grant::Own(tier)
+            })
+        }
+    }
+
+    fn pulled(tier: Criticality) -> Offered {
+        Offered {
+            tier,
+            pushed: false,
+        }
+    }
+
+    fn pushed(tier: Criticality) -> Offered {
+        Offered { tier, pushed: true }
+    }
+
+    #[test]
+    fn everything_admits_and_one_token_is_taken() {
+        let mut f = Fake::default();
+        assert_eq!(decide(pulled(High), &mut f), Ok(Grant::Own(High)));
+        assert_eq!(f.tokens, 0);
+        assert_eq!(f.asked, ["circuit", "memory", "token"]);
+    }
+
+    #[test]
+    fn the_checks_refuse_in_their_order() {
+        // Every check refuses: the first one answers, and nothing after it is asked.
+        let all = || Fake {
+            circuit: false,
+            forced: 4,
+            shed: 4,
+            memory: false,
+            full: true,
+            tokens: 0,
+            ..Fake::default()
+        };
+        let mut f = all();
+        assert_eq!(decide(pulled(Critical), &mut f), Err(Refusal::Circuit));
+        assert_eq!(f.asked, ["circuit"]);
+        let mut f = Fake {
+            circuit: true,
+            ..all()
+        };
+        assert_eq!(decide(pulled(Critical), &mut f), Err(Refusal::Forced));
+        let mut f = Fake {
+            circuit: true,
+            forced: 0,
+            ..all()
+        };
+        assert_eq!(decide(pulled(Critical), &mut f), Err(Refusal::Overloaded));
+        assert_eq!(f.asked, ["circuit"]);
+        let mut f = Fake {
+            circuit: true,
+            forced: 0,
+            shed: 0,
+            ..all()
+        };
+        assert_eq!(decide(pulled(Critical), &mut f), Err(Refusal::Memory));
+        let mut f = Fake {
+            circuit: true,
+            forced: 0,
+            shed: 0,
+            memory: true,
+            ..all()
+        };
+        assert_eq!(decide(pulled(Critical), &mut f), Err(Refusal::Full));
+        assert_eq!(
+            f.asked,
+            ["circuit", "memory"],
+            "no token spent on a refusal"
+        );
+        let mut f = Fake {
+            circuit: true,
+            forced: 0,
+            shed: 0,
+            memory: true,
+            full: false,
+            ..all()
+        };
+        assert_eq!(decide(pulled(Critical), &mut f), Err(Refusal::Rate));
+    }
+
+    #[test]
+    fn the_levels_refuse_a_bottom_prefix_of_the_ladder() {
+        for level in 0..=4u8 {
+            for tier in Criticality::ALL {
+                let mut f = Fake {
+                    forced: level,
+                    tokens: 1,
+                    ..Fake::default()
+                };
+                let refused = tier.rank() < level as usize;
+                assert_eq!(
+                    decide(pulled(tier), &mut f).err(),
+                    refused.then_some(Refusal::Forced),
+                    "forced {level} {tier:?}"
+                );
+                let mut f = Fake {
+                    shed: level,
+                    ..Fake::default()
+                };
+                assert_eq!(
+                    decide(pulled(tier), &mut f).err(),
+                    refused.then_some(Refusal::Overloaded),
+                    "shed {level} {tier:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_shed_tier_is_admitted_while_the_workers_lack_work() {
+        let mut f = Fake {
+            shed: 4,
+            busy: false,
+            ..Fake::default()
+        };
+        assert!(decide(pulled(Critical), &mut f).is_ok());
+    }
+
+    #[test]
+    fn pushed_work_is_not_refused_by_the_shed_level_nor_the_queue_hint() {
+        let mut f = Fake {
+            shed: 4,
+            full: true,
+            ..Fake::default()
+        };
+        assert!(decide(pushed(Sheddable), &mut f).is_ok());
+        // The forced level refuses pushed work too.
+        let mut f = Fake {
+            forced: 4,
+            ..Fake::default()
+        };
+        assert_eq!(decide(pushed(Critical), &mut f), Err(Refusal::Forced));
+    }
+
+    #[test]
+    fn the_queue_hint_refuses_only_what_would_wait() {
+        let mut f = Fake {
+            full: true,
+            waits: false,
+            ..Fake::default()
+        };
+        // A Drop or Defer tier goes to the push, which refuses or evicts under the lock.
+        assert!(decide(pulled(Medium), &mut f).is_ok());
     }
 }

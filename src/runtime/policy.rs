@@ -15,18 +15,21 @@ use crate::ledger::Disposition;
 use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::item::Item;
 use crate::runtime::refusal::Refusal;
+use crate::runtime::settle::Freed;
 use crate::runtime::{DeferReason, RefusalPolicy, Republish};
 
 /// The `triage-reason` of a dead letter whose deferral the defer sink refused for good.
 const DEFER_REJECTED: &str = "defer_rejected";
 
 impl<T: Send + Sync + 'static> Inner<T> {
-    /// The refuse path: counted once per message, then the tier's policy.
+    /// The refuse path: counted once per message, then the tier's policy. The key of a message
+    /// it settles goes to `freed`.
     pub(crate) fn refused(
         self: &Arc<Self>,
         mut item: Item<T>,
         r: Refusal,
         started: Option<Instant>,
+        freed: &mut Freed,
     ) -> Offer<T> {
         let tier = item.tier();
         self.decide(&mut item, r.decision());
@@ -41,7 +44,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         // observer's and the broker client's, not the decision's.
         self.reject_costs
             .refused(started.map(|s| self.clock.now().saturating_duration_since(s)));
-        self.refuse(item, r)
+        self.refuse(item, r, freed)
     }
 
     /// Refused because its downstream's circuit is open: the tier's policy (dropped, deferred
@@ -50,8 +53,9 @@ impl<T: Send + Sync + 'static> Inner<T> {
         self: &Arc<Self>,
         item: Item<T>,
         started: Option<Instant>,
+        freed: &mut Freed,
     ) -> Offer<T> {
-        match self.refused(item, Refusal::Circuit, started) {
+        match self.refused(item, Refusal::Circuit, started, freed) {
             Offer::Hold(item) => Offer::CircuitHold(item),
             other => other,
         }
@@ -74,15 +78,20 @@ impl<T: Send + Sync + 'static> Inner<T> {
     }
 
     /// The policy step: what the tier's refusal policy makes of a refused (or evicted) message,
-    /// dropped, deferred or held.
-    pub(crate) fn refuse(self: &Arc<Self>, mut item: Item<T>, reason: Refusal) -> Offer<T> {
+    /// dropped, deferred or held. The key of a message it settles goes to `freed`.
+    pub(crate) fn refuse(
+        self: &Arc<Self>,
+        mut item: Item<T>,
+        reason: Refusal,
+        freed: &mut Freed,
+    ) -> Offer<T> {
         let tier = item.tier();
         item.last_refusal = Some(reason);
         match self.policy(&item) {
             // `DeferOrDrop` is resolved at start-up and never reaches here.
             RefusalPolicy::Drop | RefusalPolicy::DeferOrDrop => {
                 self.accounts.metrics.tiers[item.original].shed[reason.index()].increment(1);
-                self.settle(item, Disposition::Shed);
+                self.record(item, Disposition::Shed, freed);
                 Offer::Taken
             }
             RefusalPolicy::Backpressure => {
@@ -95,7 +104,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 let metrics = &self.accounts.metrics.tiers[item.original];
                 metrics.shed[reason.index()].increment(1);
                 metrics.too_late_to_defer.increment(1);
-                self.settle(item, Disposition::Shed);
+                self.record(item, Disposition::Shed, freed);
                 Offer::Taken
             }
             RefusalPolicy::Defer => match Arc::clone(&self.deferrals.permits).try_acquire_owned() {

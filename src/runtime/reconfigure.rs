@@ -41,6 +41,7 @@ use std::sync::{Arc, Weak};
 use crate::limit::{Fixed, Limiter};
 use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::refusal::Refusal;
+use crate::runtime::settle::Freed;
 use crate::runtime::RuntimeConfig;
 use crate::{ConfigError, PerTier};
 
@@ -231,15 +232,19 @@ impl<T: Send + Sync + 'static> Inner<T> {
         drop(_serial);
 
         let mut evicted = PerTier::<u64>::default();
+        let mut freed = Freed::default();
         for entry in evicted_entries {
             let victim = entry.into_inner();
             let tier = victim.tier();
             evicted[tier] += 1;
             self.accounts.refusals.add(tier, Refusal::Evicted);
-            if let Offer::Hold(v) | Offer::Evicted(v) = self.refuse(victim, Refusal::Evicted) {
+            if let Offer::Hold(v) | Offer::Evicted(v) =
+                self.refuse(victim, Refusal::Evicted, &mut freed)
+            {
                 self.hold_in_task(v);
             }
         }
+        self.release(freed);
         // A larger queue or larger shares may have made room for a pacing intake.
         self.pacing.room.notify_waiters();
         Ok(Reconfigured {

@@ -1,7 +1,17 @@
 //! Settling: the one place a message's disposition is recorded (observer, ledger, ack), and
-//! what recording it frees: the next message of its ordering key, let through the key gate.
+//! what recording it frees: its ordering key, whose next message is due through the key gate.
 //! Also the two ways a message is found useless before it is served: expired while held or
 //! waiting, and expired at intake from its headers alone.
+//!
+//! # Settling returns, the loop releases
+//!
+//! Recording a keyed message's disposition frees its key, and the next message of that key is
+//! then offered; that offer may settle messages in turn (the message itself, shed by its
+//! policy; the lower ones its push evicted), which frees their keys. No step releases a key
+//! itself: recording returns the key in [`Freed`], the steps of one offer collect what they
+//! freed there, and the loop that drives them ([`Inner::release`]) offers each key's next
+//! message until nothing more is freed. So a long run of one key's messages shed in turn is a
+//! loop, never a recursion, and no step re-enters another.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -13,14 +23,28 @@ use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::item::Item;
 
 impl<T: Send + Sync + 'static> Inner<T> {
-    /// Records the disposition (observer, ledger, ack), exactly once per message: the one place
-    /// a disposition is recorded; for a keyed message, then lets the next message of its key
-    /// through the gate. Returns the payload's shared handle, if a handler had one, for the
-    /// next message to reuse.
+    /// Records the disposition (observer, ledger, ack), exactly once per message, then lets the
+    /// next message of its key (if it had one) through the key gate. Returns the payload's
+    /// shared handle, if a handler had one, for the next message to reuse.
     pub(crate) fn settle(
         self: &Arc<Self>,
         item: Item<T>,
         disposition: Disposition,
+    ) -> Option<Arc<T>> {
+        let mut freed = Freed::default();
+        let spare = self.record(item, disposition, &mut freed);
+        self.release(freed);
+        spare
+    }
+
+    /// Records the disposition (observer, ledger, ack), exactly once per message: the one place
+    /// a disposition is recorded. Its key, if it had one, goes to `freed` for the caller's
+    /// loop to release. Returns the payload's shared handle, if a handler had one.
+    pub(crate) fn record(
+        &self,
+        item: Item<T>,
+        disposition: Disposition,
+        freed: &mut Freed,
     ) -> Option<Arc<T>> {
         let key = item.key;
         if let Some(observe) = &self.observer {
@@ -35,9 +59,39 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
         let spare = item.settle(disposition);
         if let Some(key) = key {
-            self.release_key(key);
+            freed.push(key);
         }
         spare
+    }
+
+    /// The loop that drives the key gate: for each key freed, the next message parked behind
+    /// it is offered (or expired); what that frees in turn is released in the same loop.
+    pub(crate) fn release(self: &Arc<Self>, mut freed: Freed) {
+        while let Some(key) = freed.pop() {
+            self.release_one(key, &mut freed);
+        }
+    }
+
+    /// The next message of `key`, if one is parked: expired if its deadline passed while it
+    /// waited, offered otherwise. What settling it frees goes to `freed`.
+    fn release_one(self: &Arc<Self>, key: u64, freed: &mut Freed) {
+        let Some((item, parked_at)) = self.keys.release_next_waited(key) else {
+            return;
+        };
+        let now = crate::queue::time::recent(&self.clock);
+        self.accounts
+            .metrics
+            .ordering_wait
+            .record(now.saturating_duration_since(parked_at).as_secs_f64());
+        if item.deadline.is_some_and(|d| d <= now) {
+            return self.expire_into(item, freed);
+        }
+        match self.offer_into(item, false, freed) {
+            Offer::Taken => {}
+            Offer::Hold(held) | Offer::Evicted(held) | Offer::CircuitHold(held) => {
+                self.hold_in_task(held)
+            }
+        }
     }
 
     /// A message taken from a source or a producer meets the key gate: `Some` to go on (not
@@ -69,74 +123,20 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
     }
 
-    /// The message of `key` inside the runtime has its disposition: offers the next one parked
-    /// behind it. Settling that one (expired while parked, shed by its policy) releases the
-    /// next in turn; a thread-local work list turns that recursion into a loop, so a long run
-    /// of shed messages of one key never deepens the stack.
-    pub(crate) fn release_key(self: &Arc<Self>, key: u64) {
-        thread_local! {
-            static RELEASING: std::cell::RefCell<Option<Vec<u64>>> =
-                const { std::cell::RefCell::new(None) };
-        }
-        /// Ends the release loop even if an offer panics, so later releases are not taken
-        /// for nested ones.
-        struct Done;
-        impl Drop for Done {
-            fn drop(&mut self) {
-                RELEASING.with(|r| *r.borrow_mut() = None);
-            }
-        }
-        let nested = RELEASING.with(|r| {
-            let mut r = r.borrow_mut();
-            match r.as_mut() {
-                Some(pending) => {
-                    pending.push(key);
-                    true
-                }
-                None => {
-                    *r = Some(Vec::new());
-                    false
-                }
-            }
-        });
-        if nested {
-            return;
-        }
-        let _done = Done;
-        let mut next = Some(key);
-        while let Some(key) = next {
-            self.release_one(key);
-            next = RELEASING.with(|r| r.borrow_mut().as_mut().and_then(Vec::pop));
-        }
-    }
-
-    pub(crate) fn release_one(self: &Arc<Self>, key: u64) {
-        let Some((item, parked_at)) = self.keys.release_next_waited(key) else {
-            return;
-        };
-        let now = crate::queue::time::recent(&self.clock);
-        self.accounts
-            .metrics
-            .ordering_wait
-            .record(now.saturating_duration_since(parked_at).as_secs_f64());
-        if item.deadline.is_some_and(|d| d <= now) {
-            return self.expire(item);
-        }
-        match self.offer(item) {
-            Offer::Taken => {}
-            Offer::Hold(held) | Offer::Evicted(held) | Offer::CircuitHold(held) => {
-                self.hold_in_task(held)
-            }
-        }
-    }
-
     /// A message whose deadline passed before it could be queued (held by backpressure, or
     /// waiting to retry): as useless as one expired in the queue, and settled the same way.
     pub(crate) fn expire(self: &Arc<Self>, item: Item<T>) {
+        let mut freed = Freed::default();
+        self.expire_into(item, &mut freed);
+        self.release(freed);
+    }
+
+    /// [`expire`](Self::expire) inside a step: its key goes to `freed`.
+    pub(crate) fn expire_into(&self, item: Item<T>, freed: &mut Freed) {
         self.accounts.metrics.tiers[item.original]
             .expired
             .increment(1);
-        self.settle(item, Disposition::Expired);
+        self.record(item, Disposition::Expired, freed);
     }
 
     /// A message pulled past its deadline: expired before it is queued, counted apart.
@@ -149,5 +149,51 @@ impl<T: Send + Sync + 'static> Inner<T> {
         item.key = None;
         self.decide(&mut item, Decision::ShedExpired);
         self.expire(item);
+    }
+}
+
+/// Ordering keys freed by the messages settled in one step, for the loop that drives the steps
+/// to release ([`Inner::release`]). The first key is kept inline: settling one keyed message
+/// allocates nothing; only keys freed while others wait to be released take a vector.
+#[derive(Debug, Default)]
+pub(crate) struct Freed {
+    first: Option<u64>,
+    more: Vec<u64>,
+}
+
+impl Freed {
+    /// One more key to release.
+    pub(crate) fn push(&mut self, key: u64) {
+        match self.first {
+            None => self.first = Some(key),
+            Some(_) => self.more.push(key),
+        }
+    }
+
+    /// The key to release next: the last freed first, so a run of one key's messages is
+    /// released before the keys freed earlier (as the messages were settled).
+    pub(crate) fn pop(&mut self) -> Option<u64> {
+        self.more.pop().or_else(|| self.first.take())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freed_keys_come_back_last_first_and_one_is_kept_inline() {
+        let mut f = Freed::default();
+        assert_eq!(f.pop(), None);
+        f.push(1);
+        assert_eq!(f.more.capacity(), 0);
+        f.push(2);
+        f.push(3);
+        assert_eq!(f.pop(), Some(3));
+        f.push(4);
+        assert_eq!(f.pop(), Some(4));
+        assert_eq!(f.pop(), Some(2));
+        assert_eq!(f.pop(), Some(1));
+        assert_eq!(f.pop(), None);
     }
 }
