@@ -72,8 +72,9 @@ struct Tally {
     settled: [u64; 4],
     /// Of those, finished inside their deadline.
     settled_goodput: [u64; 4],
-    /// Their payload bytes, out of the memory budget after their acks.
-    settled_bytes: u64,
+    /// Their payload bytes, out of the memory budget after their acks (in 128 bits: sizes
+    /// come from outside, and a batch's may add up past `u64::MAX`).
+    settled_bytes: u128,
 }
 
 impl Tally {
@@ -118,7 +119,7 @@ impl Tally {
         resolve_completed(acks, tokens);
         if settled > 0 {
             // The bytes before `alive`: `wait_idle` reads the budget once nothing is alive.
-            inner.accounts.memory.remove(self.settled_bytes, false);
+            inner.accounts.memory.remove_sum(self.settled_bytes);
             inner.accounts.leave(settled as i64);
         }
         *self = Tally::default();
@@ -351,7 +352,7 @@ where
                 let settled = item.settle_later();
                 local.tally.settled[r] += 1;
                 local.tally.settled_goodput[r] += u64::from(in_time);
-                local.tally.settled_bytes += settled.bytes;
+                local.tally.settled_bytes += u128::from(settled.bytes);
                 local.acks.extend(settled.ack);
                 if let Some(spare) = settled.payload {
                     local.spare = Some(spare);
