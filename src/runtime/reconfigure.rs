@@ -170,7 +170,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
 
         // Phase 1: check everything, change nothing.
         config.validate()?;
-        super::check_sinks(
+        super::builder::check_sinks(
             &mut config,
             self.deferrals.sink.as_ref(),
             self.dead_letters.sink.as_ref(),

@@ -1,0 +1,274 @@
+//! Building a runtime: its builder (sinks, observer, downstream mapping, clock) and `start`,
+//! which builds the parts and spawns the workers and the sampler.
+
+use std::future::Future;
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+
+use quanta::Clock;
+use tokio_util::sync::CancellationToken;
+
+use crate::limit::{ConcurrencyLimit, Fixed, Limiter};
+use crate::queue::WfqQueue;
+use crate::runtime::engine::{self, Inner};
+use crate::runtime::item::Accounts;
+use crate::runtime::{
+    cost, dead_letter, deferral, lifecycle, live, metrics, pacing, signals, worker, DeadLetterSink,
+    DeferSink, HandlerError, Job, RefusalPolicy, Runtime, RuntimeConfig,
+};
+use crate::ConfigError;
+
+/// Builds a worker's task for a runtime: its handler inside.
+pub(super) type SpawnWorker<T> =
+    Arc<dyn Fn(Arc<Inner<T>>) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// Builds a [`Runtime`].
+#[must_use]
+pub struct RuntimeBuilder<T> {
+    config: RuntimeConfig,
+    defer: Option<Arc<dyn DeferSink<T>>>,
+    dead_letter: Option<Arc<dyn DeadLetterSink<T>>>,
+    observer: Option<engine::Observer<T>>,
+    downstream: Option<engine::DownstreamFn<T>>,
+    clock: Clock,
+}
+
+impl<T> std::fmt::Debug for RuntimeBuilder<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeBuilder")
+            .field("config", &self.config)
+            .field("defer", &self.defer.is_some())
+            .field("dead_letter", &self.dead_letter.is_some())
+            .finish()
+    }
+}
+
+impl<T> RuntimeBuilder<T> {
+    /// A builder with `config`, no defer sink, no dead-letter sink, the system clock.
+    pub(super) fn new(config: RuntimeConfig) -> Self {
+        RuntimeBuilder {
+            config,
+            defer: None,
+            dead_letter: None,
+            observer: None,
+            downstream: None,
+            clock: Clock::new(),
+        }
+    }
+}
+
+impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
+    /// Re-publishes refused and evicted messages of Defer tiers to `sink`.
+    pub fn defer_sink(mut self, sink: Arc<impl DeferSink<T>>) -> Self {
+        self.defer = Some(sink);
+        self
+    }
+
+    /// Publishes messages that failed for good to `sink` before acknowledging them, off the
+    /// workers (see [`DeadLetterSink`] for what happens when the sink is down or refuses a
+    /// message for good). Without one, such a message is recorded `Failed` and acknowledged
+    /// as such: the Kafka source commits past it, the RabbitMQ source rejects it to the
+    /// queue's dead-letter exchange.
+    pub fn dead_letter_sink(mut self, sink: Arc<impl DeadLetterSink<T>>) -> Self {
+        self.dead_letter = Some(sink);
+        self
+    }
+
+    /// Calls `observer` with every message's disposition, just before its acknowledgement:
+    /// for audit trails and reconciliation (which id ended how). It runs on the hot path, refuse
+    /// path included, so keep it cheap and never block in it.
+    pub fn observe(
+        mut self,
+        observer: impl Fn(&T, crate::Criticality, crate::ledger::Disposition) + Send + Sync + 'static,
+    ) -> Self {
+        self.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// Maps each message to the downstream it is bound for (a payment service, a database, a
+    /// partner's API), for circuit-breaker-aware admission: while that key's circuit is open
+    /// (see [`BreakerConfig`](crate::admission::BreakerConfig)) its messages are refused with
+    /// reason `circuit` and go to their tier's refusal policy, never to a handler; messages of
+    /// other keys are served as usual. `None`: the message has no downstream, never refused
+    /// for one.
+    ///
+    /// Called once per consumed message, on the intake, so keep it cheap: read a header, the
+    /// topic or queue, or a field of the message, and return it borrowed. Looking the key up
+    /// allocates nothing (but once for a key never seen before; at most
+    /// `breaker.max_keys` keys are tracked). The handler says which downstream failed with
+    /// [`HandlerError::downstream`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use triage::runtime::{HandlerError, Job, Runtime, RuntimeConfig};
+    ///
+    /// struct Order { psp: String }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let runtime = Runtime::builder(RuntimeConfig::default())
+    ///     .downstream(|order: &Order| Some(order.psp.as_str()))
+    ///     .start(|job: Job<Order>| async move {
+    ///         let psp = job.payload().psp.clone();
+    ///         Err(HandlerError::downstream(psp, "503 from the payment provider"))
+    ///     })?;
+    /// # drop(runtime);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn downstream(
+        mut self,
+        key_of: impl for<'a> Fn(&'a T) -> Option<&'a str> + Send + Sync + 'static,
+    ) -> Self {
+        self.downstream = Some(Arc::new(key_of));
+        self
+    }
+
+    /// Reads time from `clock` (deadlines, queue age, latency).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Starts the workers with `handler`, on the current tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field when the configuration is out of range.
+    ///
+    /// # Panics
+    ///
+    /// When called outside a tokio runtime.
+    pub fn start<H, F>(self, handler: H) -> Result<Runtime<T>, ConfigError>
+    where
+        H: Fn(Job<T>) -> F + Send + Sync + 'static,
+        F: Future<Output = Result<(), HandlerError>> + Send + 'static,
+    {
+        let mut config = self.config;
+        config.validate()?;
+        check_sinks(&mut config, self.defer.as_ref(), self.dead_letter.as_ref())?;
+        let workers = config.workers.get();
+        let limiter = match &config.limit {
+            Some(l) => l.build().map_err(|e| {
+                ConfigError::new(e.field.to_string(), e.value.clone(), e.allowed.clone())
+            })?,
+            None => Limiter::from(
+                Fixed::new(workers)
+                    .map_err(|e| ConfigError::new("workers", e.value.clone(), e.allowed.clone()))?,
+            ),
+        };
+        let limit = ConcurrencyLimit::new(limiter, config.shares);
+        // Queue age admits pushed work only (`try_submit`); pulled work is admitted by the
+        // pull-based level in `Inner::offer` and queued past the queue-age check.
+        let queue = WfqQueue::with_clock(config.queue.clone(), self.clock.clone())?;
+        let accounts = Arc::new(Accounts {
+            ledger: crate::ledger::Ledger::new(),
+            metrics: metrics::Metrics::register(),
+            alive: AtomicI64::new(0),
+            idle: tokio::sync::Notify::new(),
+            sources_done: std::sync::atomic::AtomicBool::new(true),
+            refused: Default::default(),
+            admitted: Default::default(),
+            withdrawn: Default::default(),
+            memory: crate::admission::MemoryBudget::new(&config.memory),
+            decisions: Default::default(),
+            decisions_published: Default::default(),
+            refusals: Default::default(),
+        });
+        accounts.metrics.config_generation.set(1.0);
+        accounts
+            .metrics
+            .forced_shed_level
+            .set(f64::from(config.forced_shed_level));
+        accounts
+            .metrics
+            .brownout_level
+            .set(f64::from(config.brownout_level));
+        let live = live::Live::new(&config);
+        let breakers = Arc::new(crate::admission::Breakers::with_clock(
+            config.breaker.clone(),
+            self.clock.clone(),
+        )?);
+        let buckets = crate::admission::TierBuckets::new(&config.buckets, self.clock.clone());
+        let inner = Arc::new(Inner {
+            queue,
+            limit,
+            accounts,
+            deferrals: deferral::Deferrals::new(self.defer, config.max_deferring.get()),
+            dead_letters: dead_letter::DeadLetters::new(
+                self.dead_letter,
+                config.max_dead_lettering.get(),
+            ),
+            config: arc_swap::ArcSwap::from_pointee(config),
+            live,
+            observer: self.observer,
+            breakers,
+            downstream: self.downstream,
+            buckets,
+            reject_costs: cost::CostSamples::new(),
+            keys: crate::ordering::KeyGate::new(),
+            signals: signals::Signals::new(),
+            pacing: pacing::Pacing::new(),
+            lifecycle: lifecycle::Lifecycle::new(),
+            origin: self.clock.now(),
+            clock: self.clock,
+        });
+        let handler = Arc::new(handler);
+        let spawn_worker: SpawnWorker<T> =
+            Arc::new(move |inner| Box::pin(worker::run(inner, Arc::clone(&handler))));
+        let mut worker_set = tokio::task::JoinSet::new();
+        for _ in 0..workers {
+            worker_set.spawn(spawn_worker(Arc::clone(&inner)));
+        }
+        let sampler = tokio::spawn(Arc::clone(&inner).sampler());
+        Ok(Runtime {
+            inner,
+            workers: worker_set,
+            spawn_worker,
+            intakes: Vec::new(),
+            sampler,
+            drained: CancellationToken::new(),
+            final_ack: Arc::new(parking_lot::Mutex::new(None)),
+        })
+    }
+}
+
+/// What the configuration asks of the sinks, against the sinks there are: resolves
+/// `DeferOrDrop`, and refuses what cannot work.
+pub(super) fn check_sinks<T>(
+    config: &mut RuntimeConfig,
+    defer: Option<&Arc<dyn DeferSink<T>>>,
+    dead_letter: Option<&Arc<dyn DeadLetterSink<T>>>,
+) -> Result<(), ConfigError> {
+    for tier in crate::Criticality::ALL {
+        match config.policy[tier] {
+            RefusalPolicy::DeferOrDrop if defer.is_some() => {
+                config.policy[tier] = RefusalPolicy::Defer;
+            }
+            RefusalPolicy::DeferOrDrop => config.policy[tier] = RefusalPolicy::Drop,
+            RefusalPolicy::Defer if defer.is_none() => {
+                return Err(ConfigError::new(
+                    format!("policy.{}", tier.as_str()),
+                    "defer",
+                    "backpressure, drop or defer_or_drop: no defer sink is configured \
+                     (RuntimeBuilder::defer_sink)",
+                ));
+            }
+            _ => {}
+        }
+    }
+    if let (Some(defer), Some(dead_letter)) = (defer, dead_letter) {
+        // One sink object is one topic or queue: dead letters there would be drained back
+        // as deferred work and handled again, failing again, for ever.
+        if std::ptr::addr_eq(Arc::as_ptr(defer), Arc::as_ptr(dead_letter)) {
+            return Err(ConfigError::new(
+                "dead_letter_sink",
+                "the defer sink",
+                "a sink other than the defer sink (dead letters would be drained back as \
+                 deferred work)",
+            ));
+        }
+    }
+    Ok(())
+}
