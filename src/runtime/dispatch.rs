@@ -156,8 +156,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
             Some(None) => {
                 let tier = item.tier();
                 // Admitted already: counted as withdrawn, not as a second admission decision.
-                if !item.refused_before {
-                    item.refused_before = true;
+                if !item.standing.refused() {
+                    item.standing = item.standing.and_refused();
                     self.accounts.metrics.tiers[tier].withdrawn.increment(1);
                     self.accounts.withdrawn[tier.rank()].fetch_add(1, Ordering::Relaxed);
                 }

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use crate::admission::{admits_at, Decision, Grant};
 use crate::queue::{Meta, Removed};
 use crate::runtime::engine::{Inner, Offer};
-use crate::runtime::item::Item;
+use crate::runtime::item::{Item, Origin};
 use crate::runtime::refusal::Refusal;
 use crate::runtime::settle::Freed;
 use crate::runtime::RefusalPolicy;
@@ -49,9 +49,9 @@ use crate::Criticality;
 pub(crate) struct Offered {
     /// The tier it is offered at (demoted once per retry).
     pub(crate) tier: Criticality,
-    /// Offered by an in-process producer (`try_submit`): queue-age admission decides at the
+    /// Pushed by an in-process producer (`try_submit`): queue-age admission decides at the
     /// push, not the pull-based level.
-    pub(crate) pushed: bool,
+    pub(crate) origin: Origin,
 }
 
 /// What the checks read: the signals and parts behind each of them. Each is asked only when
@@ -86,13 +86,14 @@ pub(crate) fn decide(offered: Offered, checks: &mut impl Checks) -> Result<Grant
     if !admits_at(checks.forced_level(), tier) {
         return Err(Refusal::Forced);
     }
-    if !offered.pushed && !admits_at(checks.shed_level(), tier) && checks.workers_busy() {
+    let pulled = offered.origin == Origin::Pulled;
+    if pulled && !admits_at(checks.shed_level(), tier) && checks.workers_busy() {
         return Err(Refusal::Overloaded);
     }
     if !checks.memory_admits(tier) {
         return Err(Refusal::Memory);
     }
-    if !offered.pushed && checks.looks_full_for(tier) && checks.waits_when_refused() {
+    if pulled && checks.looks_full_for(tier) && checks.waits_when_refused() {
         return Err(Refusal::Full);
     }
     checks.take_token(tier).ok_or(Refusal::Rate)
@@ -186,7 +187,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         let started = self.reject_costs.sampling().then(|| self.clock.now());
         let offered = Offered {
             tier,
-            pushed: item.pushed,
+            origin: item.origin,
         };
         let verdict = decide(
             offered,
@@ -205,15 +206,14 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 return self.refused(item, reason, started, freed);
             }
         };
-        let first_admission = !item.admitted_before;
-        item.admitted_before = true;
-        let undecided = !item.decided;
-        item.decided = true;
+        // Counted as admitted before the push, which takes the item: restored if it refuses.
+        let before = item.standing;
+        item.standing = before.and_admitted();
         let original = item.original;
         let meta = Meta::new(tier)
             .deadline_opt(item.deadline)
             .size_bytes(item.size_bytes);
-        let pushed = if item.pushed {
+        let pushed = if item.origin == Origin::Pushed {
             self.queue.push(item, meta)
         } else if quiet {
             self.queue.push_admitted_quiet(item, meta)
@@ -229,11 +229,11 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 if last_work.load(Ordering::Relaxed) != now {
                     last_work.store(now, Ordering::Relaxed);
                 }
-                if first_admission {
+                if !before.admitted() {
                     self.accounts.metrics.tiers[tier].admitted.increment(1);
                     self.accounts.admitted[tier.rank()].fetch_add(1, Ordering::Relaxed);
                 }
-                if undecided {
+                if !before.decided() {
                     self.record_decision(original, Decision::Admitted);
                 }
                 let mut hold = None;
@@ -272,8 +272,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 };
                 self.buckets.refund(grant);
                 let mut item = err.into_inner();
-                item.admitted_before = !first_admission;
-                item.decided = !undecided;
+                item.standing = before;
                 self.refused(item, reason, started, freed)
             }
         }
@@ -350,12 +349,15 @@ mod tests {
     fn pulled(tier: Criticality) -> Offered {
         Offered {
             tier,
-            pushed: false,
+            origin: Origin::Pulled,
         }
     }
 
     fn pushed(tier: Criticality) -> Offered {
-        Offered { tier, pushed: true }
+        Offered {
+            tier,
+            origin: Origin::Pushed,
+        }
     }
 
     #[test]

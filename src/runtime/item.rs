@@ -128,6 +128,70 @@ pub(crate) struct Settled<T> {
     pub(crate) payload: Option<Arc<T>>,
 }
 
+/// Where a message came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// Pulled from an attached source: admitted by the pull-based level.
+    Pulled,
+    /// Offered by an in-process producer (`try_submit`): admitted by queue age, not by the
+    /// pull-based level.
+    Pushed,
+}
+
+/// Where a message stands with admission: what has been counted of it, so that each message is
+/// counted at most once as admitted, at most once as refused (a held message is offered again
+/// and again; an evicted one is queued again), and has one first decision
+/// (`triage_admission_decisions_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// Consumed, no decision yet.
+    New,
+    /// Admitted into the queue, never refused.
+    Admitted,
+    /// Refused (or withdrawn at dispatch), never admitted.
+    Refused,
+    /// Both: admitted and later refused or withdrawn, or refused and later admitted.
+    Both,
+}
+
+impl Standing {
+    /// Whether its first decision is counted.
+    #[inline]
+    pub(crate) fn decided(self) -> bool {
+        self != Standing::New
+    }
+
+    /// Whether it was counted as admitted.
+    #[inline]
+    pub(crate) fn admitted(self) -> bool {
+        matches!(self, Standing::Admitted | Standing::Both)
+    }
+
+    /// Whether it was counted as refused (or withdrawn).
+    #[inline]
+    pub(crate) fn refused(self) -> bool {
+        matches!(self, Standing::Refused | Standing::Both)
+    }
+
+    /// The standing once admitted.
+    #[inline]
+    pub(crate) fn and_admitted(self) -> Standing {
+        match self {
+            Standing::New | Standing::Admitted => Standing::Admitted,
+            Standing::Refused | Standing::Both => Standing::Both,
+        }
+    }
+
+    /// The standing once refused (or withdrawn).
+    #[inline]
+    pub(crate) fn and_refused(self) -> Standing {
+        match self {
+            Standing::New | Standing::Refused => Standing::Refused,
+            Standing::Admitted | Standing::Both => Standing::Both,
+        }
+    }
+}
+
 /// One consumed message. Settled exactly once: [`Item::settle`] records its disposition and
 /// resolves its ack; dropped unsettled (shutdown, an aborted task), it is *released*: counted,
 /// and its ack tells the source not to acknowledge it.
@@ -139,20 +203,15 @@ pub(crate) struct Item<T> {
     pub(crate) deferrals: u32,
     pub(crate) deadline: Option<Instant>,
     pub(crate) size_bytes: usize,
-    /// Offered by an in-process producer (`try_submit`): admitted by queue age, not by the
-    /// pull-based level.
-    pub(crate) pushed: bool,
-    /// Already counted as refused: a held message offered again is not counted twice.
-    pub(crate) refused_before: bool,
-    /// Already counted as admitted: a message evicted and queued again counts once.
-    pub(crate) admitted_before: bool,
+    /// Pulled from a source, or pushed by an in-process producer.
+    pub(crate) origin: Origin,
+    /// What admission has counted of it so far.
+    pub(crate) standing: Standing,
     /// Its ordering key (see `crate::ordering`): while it is inside the runtime past the key
     /// gate, the later messages of its key wait in the gate.
     pub(crate) key: Option<u64>,
     /// The circuit breaker of its downstream, looked up once when it was consumed.
     pub(crate) circuit: Option<Arc<CircuitBreaker>>,
-    /// Its first admission decision is counted (`triage_admission_decisions_total`).
-    pub(crate) decided: bool,
     /// Waiting (held under backpressure, or parked behind its ordering key): its bytes are
     /// out of the memory budget's working set.
     waiting: bool,
@@ -181,12 +240,10 @@ impl<T> Item<T> {
             deferrals: env.deferrals,
             deadline: env.deadline,
             size_bytes: env.size_bytes,
-            pushed: false,
-            refused_before: false,
-            admitted_before: false,
+            origin: Origin::Pulled,
+            standing: Standing::New,
             key: env.ordering_key,
             circuit: None,
-            decided: false,
             waiting: false,
             last_refusal: None,
             ack: env.ack,
@@ -371,5 +428,27 @@ impl<T> Drop for Item<T> {
             self.accounts.leave(1);
             ack.release();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Standing::{self, *};
+
+    #[test]
+    fn a_standing_counts_each_verdict_once_and_remembers_both() {
+        assert!(!New.decided() && !New.admitted() && !New.refused());
+        assert_eq!(New.and_admitted(), Admitted);
+        assert_eq!(New.and_refused(), Refused);
+        assert_eq!(Admitted.and_admitted(), Admitted);
+        assert_eq!(Refused.and_refused(), Refused);
+        assert_eq!(Admitted.and_refused(), Both);
+        assert_eq!(Refused.and_admitted(), Both);
+        for s in [Admitted, Refused, Both] {
+            assert!(s.decided());
+            assert_eq!(s.and_admitted().and_refused(), Both);
+        }
+        let both: Standing = Both;
+        assert!(both.admitted() && both.refused());
     }
 }

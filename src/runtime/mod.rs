@@ -254,7 +254,7 @@ impl<T: Send + Sync + 'static> Runtime<T> {
             return Err(SubmitError::Overloaded(envelope));
         }
         let mut item = item::Item::consumed(envelope, &inner.accounts);
-        item.pushed = true;
+        item.origin = item::Origin::Pushed;
         inner.map_downstream(&mut item);
         // Parked behind its key: taken, offered when the key's earlier message is settled.
         let Some(item) = inner.pass_gate(item) else {

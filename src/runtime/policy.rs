@@ -32,10 +32,10 @@ impl<T: Send + Sync + 'static> Inner<T> {
         freed: &mut Freed,
     ) -> Offer<T> {
         let tier = item.tier();
-        self.decide(&mut item, r.decision());
-        if !item.refused_before {
+        self.decide(&item, r.decision());
+        if !item.standing.refused() {
             // Count messages, not attempts: a held message is offered again and again.
-            item.refused_before = true;
+            item.standing = item.standing.and_refused();
             self.accounts.refusals.add(tier, r);
             self.accounts.refused[tier.rank()].fetch_add(1, Ordering::Relaxed);
         }

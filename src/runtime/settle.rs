@@ -147,7 +147,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         // Expired before the key gate, it never held its key: settling it must not release
         // the key of an earlier message of that key still running.
         item.key = None;
-        self.decide(&mut item, Decision::ShedExpired);
+        self.decide(&item, Decision::ShedExpired);
         self.expire(item);
     }
 }

@@ -10,9 +10,8 @@ use crate::{Criticality, PerTier};
 impl<T: Send + Sync + 'static> Inner<T> {
     /// Counts `decision` as `item`'s first admission decision, unless one is counted already.
     #[inline]
-    pub(crate) fn decide(&self, item: &mut Item<T>, decision: Decision) {
-        if !item.decided {
-            item.decided = true;
+    pub(crate) fn decide(&self, item: &Item<T>, decision: Decision) {
+        if !item.standing.decided() {
             self.record_decision(item.original, decision);
         }
     }
