@@ -50,8 +50,9 @@ pub struct BreakerConfig {
     pub half_open_probes: u32,
     /// Downstream keys tracked at most. A message whose key is not yet tracked once this many
     /// are is admitted as if it had no key (counted in `triage_breaker_untracked_total`): a key
-    /// taken from message content must not grow memory without bound. Allowed
-    /// `1..=100_000`. Default `1024`.
+    /// taken from message content must not grow memory without bound. Lowered live, closed
+    /// circuits stop being tracked down to the new bound at once; open and half-open ones are
+    /// kept until they close. Allowed `1..=100_000`. Default `1024`.
     pub max_keys: usize,
 }
 

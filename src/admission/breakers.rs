@@ -8,22 +8,30 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use quanta::{Clock, Instant};
 
-use super::breaker::Transition;
+use super::breaker::{Ticket, Transition};
 use super::{BreakerConfig, CircuitBreaker, CircuitState};
 use crate::ConfigError;
 
 /// A handler call let through by a circuit: finish it with [`Breakers::record`]. Dropped
 /// unrecorded, a probe gives its slot back (as [`Outcome::Neutral`]).
+///
+/// A call belongs to the episode of its circuit it started in (see [`CircuitBreaker`]): its
+/// outcome is ignored if the circuit has changed state since.
 #[must_use = "a call's outcome decides the circuit's state: pass it to Breakers::record"]
 pub struct Call {
     breaker: Option<Arc<CircuitBreaker>>,
-    probe: bool,
+    ticket: Ticket,
 }
 
 impl Call {
     /// Whether this call is a half-open probe.
     pub fn is_probe(&self) -> bool {
-        self.probe
+        self.ticket.probe
+    }
+
+    /// The episode of its circuit the call started in ([`CircuitBreaker::episode`]).
+    pub fn episode(&self) -> u64 {
+        self.ticket.episode
     }
 
     /// The breaker it belongs to.
@@ -36,7 +44,8 @@ impl fmt::Debug for Call {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Call")
             .field("key", &self.breaker.as_ref().map(|b| b.key()))
-            .field("probe", &self.probe)
+            .field("probe", &self.ticket.probe)
+            .field("episode", &self.ticket.episode)
             .finish()
     }
 }
@@ -44,9 +53,9 @@ impl fmt::Debug for Call {
 impl Drop for Call {
     fn drop(&mut self) {
         if let Some(b) = self.breaker.take() {
-            if self.probe {
-                // No config is needed to give a probe's slot back.
-                b.record(true, None, 0, &BreakerConfig::default());
+            if self.ticket.probe {
+                // No config or time is needed to give a probe's slot back.
+                b.record(self.ticket, None, 0, &BreakerConfig::default());
             }
         }
     }
@@ -161,7 +170,9 @@ impl Breakers {
 
     /// Replaces the settings, all or nothing, keeping every key's state and counts: a
     /// changed threshold applies from the next recorded outcome, a changed recovery time from
-    /// the next opening. For live reconfiguration.
+    /// the next opening, a changed window starts each key's count afresh, a lowered
+    /// `max_keys` stops tracking closed circuits down to it (open ones once they close). For
+    /// live reconfiguration.
     ///
     /// # Errors
     ///
@@ -176,8 +187,32 @@ impl Breakers {
     /// `RuntimeConfig`), so it cannot fail.
     pub(crate) fn replace(&self, config: BreakerConfig) {
         self.enabled.store(config.enabled, Ordering::Relaxed);
+        let max_keys = config.max_keys;
         *self.config.write() = config;
+        self.shrink_to(max_keys);
         self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Stops tracking closed circuits until at most `max_keys` keys are tracked: a lowered
+    /// `max_keys` bounds memory at once. A circuit not closed is kept (forgetting it would
+    /// let its failing downstream's messages through again) until it closes. A key let go is
+    /// tracked afresh, closed and uncounted, when seen again with room for it; calls under way
+    /// on the old breaker report to it, and count for nothing.
+    fn shrink_to(&self, max_keys: usize) {
+        if self.keys.read().len() <= max_keys {
+            return;
+        }
+        let mut keys = self.keys.write();
+        let excess = keys.len().saturating_sub(max_keys);
+        let closed: Vec<Box<str>> = keys
+            .iter()
+            .filter(|(_, b)| b.state() == CircuitState::Closed)
+            .map(|(k, _)| k.clone())
+            .take(excess)
+            .collect();
+        for key in closed {
+            keys.remove(&key);
+        }
     }
 
     /// The settings in force.
@@ -243,15 +278,14 @@ impl Breakers {
     /// A handler call for `breaker` is about to start: `Some` when it may (a normal call, or
     /// one of the half-open probes), `None` when the circuit refuses it.
     pub fn try_call(&self, breaker: &Arc<CircuitBreaker>) -> Option<Call> {
-        let (probe, transition) = if breaker.state() == CircuitState::Closed {
-            (Some(false), Transition::None)
-        } else {
-            breaker.try_call(self.now_ns(), self.probes())
+        let (ticket, transition) = match breaker.closed_ticket() {
+            Some(ticket) => (Some(ticket), Transition::None),
+            None => breaker.try_call(self.now_ns(), self.probes()),
         };
         self.count(transition);
-        probe.map(|probe| Call {
+        ticket.map(|ticket| Call {
             breaker: Some(Arc::clone(breaker)),
-            probe,
+            ticket,
         })
     }
 
@@ -266,8 +300,12 @@ impl Breakers {
             Outcome::Neutral => None,
         };
         let config = self.config.read().clone();
-        let transition = b.record(call.probe, verdict, self.now_ns(), &config);
+        let transition = b.record(call.ticket, verdict, self.now_ns(), &config);
         self.count(transition);
+        if transition == Transition::Closed && self.keys.read().len() > config.max_keys {
+            // Kept past a lowered `max_keys` only while not closed: let it go now.
+            self.shrink_to(config.max_keys);
+        }
     }
 
     /// Records a failure of `key` reported by a call that was not counted for it (a handler
@@ -275,10 +313,14 @@ impl Breakers {
     /// while the circuit is closed only.
     pub fn record_failure(&self, key: &str) {
         if let Some(b) = self.breaker(key) {
+            let ticket = Ticket {
+                probe: false,
+                episode: b.episode(),
+            };
             self.record(
                 Call {
                     breaker: Some(b),
-                    probe: false,
+                    ticket,
                 },
                 Outcome::Failure,
             );

@@ -6,11 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use triage::admission::{Breakers, BucketsConfig, CircuitState, Grant, TierBuckets};
+use triage::admission::{
+    Breakers, BucketsConfig, Call, CircuitBreaker, CircuitState, Grant, Outcome, TierBuckets,
+};
 use triage::quanta::Clock;
 use triage::{ConfigError, Criticality, PerTier};
 
-use crate::{Gate, GateRefusal};
+use crate::refusal::Rendered;
+use crate::{Gate, GateRefusal, Refusal, RefusalReason};
 
 /// Per-tier token buckets with borrowing ([`TierBuckets`], seed 003) in front of the entry: a
 /// request of a tier whose bucket (and its lenders') is empty is answered 429, with a
@@ -152,7 +155,13 @@ type KeyOf = Arc<dyn Fn(&Parts) -> Option<&str> + Send + Sync>;
 /// Share the runtime's breakers ([`Runtime::breakers`](triage::runtime::Runtime::breakers))
 /// and a downstream failing the background work also sheds the requests that need it; the
 /// runtime's handlers feed them (`HandlerError::downstream`), and so can request handlers
-/// ([`Breakers::record_failure`]). This gate only reads them.
+/// ([`Breakers::record_failure`]), or the [`CircuitFeedbackLayer`] from the answers.
+///
+/// A circuit that is half-open lets `half_open_probes` calls through at a time, counting the
+/// runtime's and the requests' together: in the layer ([`Gate::enter`]) a request to such a
+/// circuit takes a probe slot or is refused, and carries its probe to the feedback layer,
+/// which reports its outcome (a request refused later, or never answered, gives the slot
+/// back). [`check`](Gate::check) alone takes nothing: it says whether the circuit admits.
 ///
 /// # Examples
 ///
@@ -205,25 +214,84 @@ impl CircuitGate {
     }
 }
 
-impl Gate for CircuitGate {
-    fn check(&self, _tier: Criticality, head: &Parts) -> Result<(), GateRefusal> {
-        if !self.breakers.enabled() {
-            return Ok(());
+/// A half-open circuit's probe slot taken for a request by a [`CircuitGate`], carried in the
+/// request's extensions to the [`CircuitFeedbackLayer`] that reports its outcome. Clonable
+/// only because extensions must be; the call inside is taken once. Dropped untaken (the
+/// request refused later, or served without a feedback layer), the call gives its slot back.
+#[derive(Clone)]
+struct Probe(Arc<parking_lot::Mutex<Option<Call>>>, Arc<Breakers>);
+
+impl Probe {
+    /// The call, if this probe was taken from `breakers`.
+    fn take_for(&self, breakers: &Arc<Breakers>) -> Option<Call> {
+        if Arc::ptr_eq(&self.1, breakers) {
+            self.0.lock().take()
+        } else {
+            None
         }
-        let Some(key) = (self.key_of)(head) else {
+    }
+}
+
+impl CircuitGate {
+    fn refusal(&self) -> GateRefusal {
+        let recovery = Duration::from_millis(self.breakers.config().recovery_ms);
+        GateRefusal::circuit(Some(recovery))
+    }
+
+    /// The breaker of a request's key when its circuit is not closed (`None` for no key, an
+    /// untracked one, or a closed circuit: one map lookup, and no key is registered for it).
+    fn troubled(&self, head: &Parts) -> Option<Arc<CircuitBreaker>> {
+        if !self.breakers.enabled() {
+            return None;
+        }
+        let key = (self.key_of)(head)?;
+        match self.breakers.state(key)? {
+            CircuitState::Closed => None,
+            _ => self.breakers.breaker(key),
+        }
+    }
+}
+
+impl Gate for CircuitGate {
+    /// Whether the request's circuit admits it now (closed, open past its recovery time, or
+    /// half-open with a probe slot free); takes nothing.
+    fn check(&self, _tier: Criticality, head: &Parts) -> Result<(), GateRefusal> {
+        match self.troubled(head) {
+            Some(b) if !self.breakers.admits(&b) => Err(self.refusal()),
+            _ => Ok(()),
+        }
+    }
+
+    /// As [`check`](Gate::check), and a request to a circuit that is not closed takes one of
+    /// its probe slots (an open one past its recovery time turns half-open): refused when
+    /// none is free, so no more requests than `half_open_probes` reach a recovering
+    /// downstream.
+    fn enter(&self, _tier: Criticality, head: &mut Parts) -> Result<(), GateRefusal> {
+        let Some(b) = self.troubled(head) else {
             return Ok(());
         };
-        // Only a key already tracked can be open: no key is registered for a mere check, and
-        // a closed circuit costs one map lookup.
-        match self.breakers.state(key) {
-            None | Some(CircuitState::Closed) => Ok(()),
-            Some(_) => match self.breakers.breaker(key) {
-                Some(b) if !self.breakers.admits(&b) => {
-                    let recovery = Duration::from_millis(self.breakers.config().recovery_ms);
-                    Err(GateRefusal::circuit(Some(recovery)))
-                }
-                _ => Ok(()),
-            },
+        match self.breakers.try_call(&b) {
+            None => Err(self.refusal()),
+            Some(call) if call.is_probe() => {
+                let probe = Probe(
+                    Arc::new(parking_lot::Mutex::new(Some(call))),
+                    Arc::clone(&self.breakers),
+                );
+                head.extensions.insert(probe);
+                Ok(())
+            }
+            // Closed meanwhile: the feedback layer counts the call.
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Gives back the probe slot a request took, unused.
+    fn refund(&self, _tier: Criticality, head: &mut Parts) {
+        if let Some(probe) = head.extensions.get::<Probe>() {
+            if Arc::ptr_eq(&probe.1, &self.breakers) {
+                // Dropping the call unrecorded gives its slot back.
+                drop(head.extensions.remove::<Probe>());
+            }
         }
     }
 }
@@ -234,6 +302,12 @@ impl Gate for CircuitGate {
 /// the [`TriageLayer`](crate::TriageLayer), around the handlers, so that only admitted
 /// requests are counted (a refusal by the layer says nothing about the downstream). Made by
 /// [`CircuitGate::feedback`].
+///
+/// Each request is a call of its circuit: the probe its gate took, or one taken here. When
+/// the circuit gives none (it opened while the request waited for a slot, or it is half-open
+/// with every probe under way) the inner service is not called: the answer is a circuit
+/// refusal (503 with the recovery time as `Retry-After`, or gRPC `UNAVAILABLE`, with an empty
+/// body of the inner service's type), which the `TriageLayer` counts as refused, not served.
 #[derive(Clone)]
 pub struct CircuitFeedbackLayer {
     breakers: Arc<Breakers>,
@@ -314,21 +388,30 @@ impl<S> fmt::Debug for CircuitFeedback<S> {
 
 pin_project_lite::pin_project! {
     /// The response future of a [`CircuitFeedback`] service.
-    pub struct CircuitFeedbackFuture<F> {
+    pub struct CircuitFeedbackFuture<F, B> {
         #[pin]
-        inner: F,
-        call: Option<(Arc<Breakers>, triage::admission::Call)>,
+        kind: FeedbackKind<F, B>,
     }
 }
 
-impl<F> fmt::Debug for CircuitFeedbackFuture<F> {
+pin_project_lite::pin_project! {
+    #[project = FeedbackProj]
+    enum FeedbackKind<F, B> {
+        // The inner service called; its call reported when it answers.
+        Called { #[pin] inner: F, call: Option<(Arc<Breakers>, Call)> },
+        // The circuit gave no call: answered at once.
+        Refused { response: Option<http::Response<B>> },
+    }
+}
+
+impl<F, B> fmt::Debug for CircuitFeedbackFuture<F, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CircuitFeedbackFuture")
             .finish_non_exhaustive()
     }
 }
 
-impl<F, B, E> std::future::Future for CircuitFeedbackFuture<F>
+impl<F, B, E> std::future::Future for CircuitFeedbackFuture<F, B>
 where
     F: std::future::Future<Output = Result<http::Response<B>, E>>,
 {
@@ -338,31 +421,39 @@ where
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        let this = self.project();
-        let out = std::task::ready!(this.inner.poll(cx));
-        if let Some((breakers, call)) = this.call.take() {
-            let failed = match &out {
-                Ok(response) => response.status().is_server_error(),
-                Err(_) => true,
-            };
-            let outcome = if failed {
-                triage::admission::Outcome::Failure
-            } else {
-                triage::admission::Outcome::Success
-            };
-            breakers.record(call, outcome);
+        match self.project().kind.project() {
+            FeedbackProj::Refused { response } => match response.take() {
+                Some(r) => std::task::Poll::Ready(Ok(r)),
+                None => panic!("CircuitFeedbackFuture polled after completion"),
+            },
+            FeedbackProj::Called { inner, call } => {
+                let out = std::task::ready!(inner.poll(cx));
+                if let Some((breakers, call)) = call.take() {
+                    let failed = match &out {
+                        Ok(response) => response.status().is_server_error(),
+                        Err(_) => true,
+                    };
+                    let outcome = if failed {
+                        Outcome::Failure
+                    } else {
+                        Outcome::Success
+                    };
+                    breakers.record(call, outcome);
+                }
+                std::task::Poll::Ready(out)
+            }
         }
-        std::task::Poll::Ready(out)
     }
 }
 
 impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for CircuitFeedback<S>
 where
     S: tower::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    ResBody: Default,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = CircuitFeedbackFuture<S::Future>;
+    type Future = CircuitFeedbackFuture<S::Future, ResBody>;
 
     fn poll_ready(
         &mut self,
@@ -372,20 +463,55 @@ where
     }
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+        let called = |inner: S::Future, call: Option<Call>, breakers: &Arc<Breakers>| {
+            CircuitFeedbackFuture {
+                kind: FeedbackKind::Called {
+                    inner,
+                    call: call.map(|c| (Arc::clone(breakers), c)),
+                },
+            }
+        };
         if !self.breakers.enabled() {
-            return CircuitFeedbackFuture {
-                inner: self.inner.call(request),
-                call: None,
-            };
+            return called(self.inner.call(request), None, &self.breakers);
         }
-        let (head, body) = request.into_parts();
-        let call = (self.key_of)(&head)
-            .and_then(|key| self.breakers.breaker(key))
-            .and_then(|b| self.breakers.try_call(&b))
-            .map(|c| (Arc::clone(&self.breakers), c));
-        CircuitFeedbackFuture {
-            inner: self.inner.call(http::Request::from_parts(head, body)),
+        let (mut head, body) = request.into_parts();
+        let probe = head
+            .extensions
+            .get::<Probe>()
+            .and_then(|p| p.take_for(&self.breakers));
+        if probe.is_some() {
+            head.extensions.remove::<Probe>();
+        }
+        let call = match probe {
+            Some(call) => Some(call),
+            None => match (self.key_of)(&head).and_then(|key| self.breakers.breaker(key)) {
+                // No downstream, or a key past `max_keys`: nothing to count.
+                None => None,
+                Some(b) => match self.breakers.try_call(&b) {
+                    Some(call) => Some(call),
+                    None => {
+                        let recovery = Duration::from_millis(self.breakers.config().recovery_ms);
+                        let tier = head
+                            .extensions
+                            .get::<Criticality>()
+                            .copied()
+                            .unwrap_or(Criticality::Medium);
+                        let refusal = Refusal::new(RefusalReason::Circuit, tier, recovery);
+                        let response =
+                            Rendered::new(&refusal).inside(crate::classify::is_grpc(&head));
+                        return CircuitFeedbackFuture {
+                            kind: FeedbackKind::Refused {
+                                response: Some(response),
+                            },
+                        };
+                    }
+                },
+            },
+        };
+        called(
+            self.inner.call(http::Request::from_parts(head, body)),
             call,
-        }
+            &self.breakers,
+        )
     }
 }

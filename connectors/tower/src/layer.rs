@@ -401,19 +401,31 @@ impl Shared {
                 &fresh
             }
         };
-        self.counts.refused[rank][reason.index()].fetch_add(1, Ordering::Relaxed);
-        self.metrics.refused[rank][reason.index()].increment(1);
-        if let Some(id) = d.id {
-            self.reappearance.shed(id, d.tier);
-        }
         let response = if d.grpc {
             rendered.grpc()
         } else {
             rendered.http()
         };
-        let elapsed = self.clock.now().saturating_duration_since(d.started);
-        self.metrics.refused_seconds[rank].record(elapsed.as_secs_f64());
+        self.refused(d.tier, reason, d.id, d.started);
         response
+    }
+
+    /// Counts a refusal of a `tier` request that arrived at `started`, its id remembered.
+    pub(crate) fn refused(
+        &self,
+        tier: Criticality,
+        reason: RefusalReason,
+        id: Option<u64>,
+        started: Instant,
+    ) {
+        let rank = tier.rank();
+        self.counts.refused[rank][reason.index()].fetch_add(1, Ordering::Relaxed);
+        self.metrics.refused[rank][reason.index()].increment(1);
+        if let Some(id) = id {
+            self.reappearance.shed(id, tier);
+        }
+        let elapsed = self.clock.now().saturating_duration_since(started);
+        self.metrics.refused_seconds[rank].record(elapsed.as_secs_f64());
     }
 
     /// Records a served request that finished at `finished`.

@@ -182,6 +182,11 @@ impl Refusal {
     }
 }
 
+/// In a response's extensions: a layer inside the `TriageLayer` refused the request (the
+/// inner service did not serve it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RefusedInside(pub(crate) RefusalReason);
+
 /// A refusal's body and header values, rendered once: the layer keeps one per reason, tier
 /// and `Retry-After` second within the jitter, so answering copies reference-counted bytes
 /// instead of formatting.
@@ -212,6 +217,22 @@ impl Rendered {
                 refusal.tier.as_str()
             )),
         }
+    }
+
+    /// The answer of a layer inside a [`TriageLayer`](crate::TriageLayer) (the circuit
+    /// feedback layer) that refuses a request already admitted: the status and headers of
+    /// [`http`](Self::http) or [`grpc`](Self::grpc), an empty body of the inner service's
+    /// type, and the reason in the response's extensions, so the `TriageLayer` counts it as
+    /// refused, not served.
+    pub(crate) fn inside<B: Default>(&self, grpc: bool) -> Response<B> {
+        let answer = if grpc { self.grpc() } else { self.http() };
+        let (mut parts, _) = answer.into_parts();
+        if !grpc {
+            // The JSON body is not there to describe.
+            parts.headers.remove(http::header::CONTENT_TYPE);
+        }
+        parts.extensions.insert(RefusedInside(self.reason));
+        Response::from_parts(parts, B::default())
     }
 
     pub(crate) fn http(&self) -> Response<Full<Bytes>> {

@@ -16,6 +16,7 @@ use triage::quanta::Instant;
 use triage::Criticality;
 
 use crate::layer::{Decided, Shared};
+use crate::refusal::RefusedInside;
 use crate::RefusalReason;
 
 /// The response body of a [`TriageService`]: the inner service's body when served, a short
@@ -55,6 +56,7 @@ struct Slot {
     tier: Criticality,
     deadline: Instant,
     started: Instant,
+    id: Option<u64>,
     shared: Arc<Shared>,
 }
 
@@ -67,11 +69,21 @@ impl Slot {
             tier: d.tier,
             deadline: d.deadline,
             started: d.started,
+            id: d.id,
             shared: Arc::clone(shared),
         }
     }
 
-    fn finish(self) {
+    /// The inner service answered `response` (`None`: with an error).
+    fn finish<B>(self, response: Option<&Response<B>>) {
+        let inside = response.and_then(|r| r.extensions().get::<RefusedInside>());
+        if let Some(RefusedInside(reason)) = inside {
+            // Refused by a layer inside (an open circuit): not served, and its quick answer
+            // is no sample of the service's latency. The slot is released as `permit` drops.
+            self.shared
+                .refused(self.tier, *reason, self.id, self.started);
+            return;
+        }
         let latency = self
             .shared
             .clock
@@ -120,7 +132,7 @@ where
             KindProj::Served { fut, slot } => {
                 let out = std::task::ready!(fut.poll(cx));
                 if let Some(slot) = slot.take() {
-                    slot.finish();
+                    slot.finish(out.as_ref().ok());
                 }
                 Poll::Ready(out.map(|r| r.map(Either::Left)))
             }
@@ -212,7 +224,7 @@ where
                             head.extensions.insert(d.tier);
                             let slot = Slot::new(permit, &d, &shared);
                             let out = inner.call(Request::from_parts(head, body)).await;
-                            slot.finish();
+                            slot.finish(out.as_ref().ok());
                             out.map(|r| r.map(Either::Left))
                         }
                         Err(reason) => {

@@ -325,3 +325,192 @@ async fn a_request_refused_after_the_rate_gate_gives_its_token_back() {
     );
     assert_eq!(stats.refused(Criticality::Medium, RefusalReason::Rate), 1);
 }
+
+mod circuit {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use tokio::sync::Semaphore;
+    use triage::admission::{BreakerConfig, Breakers, CircuitState};
+    use triage::quanta::Clock;
+    use triage_tower::{CircuitGate, RefusalReason};
+
+    struct Entry {
+        breakers: Arc<Breakers>,
+        mock: Arc<triage::quanta::Mock>,
+        layer: TriageLayer,
+        /// Calls that reached the handler.
+        reached: Arc<AtomicU32>,
+        /// Each handler call waits for a permit, then answers: `/pay` 502 (the downstream
+        /// fails), anything else 200.
+        release: Arc<Semaphore>,
+        feedback: triage_tower::CircuitFeedbackLayer,
+    }
+
+    fn entry(slots: usize, half_open_probes: u32) -> Entry {
+        let (clock, mock) = Clock::mock();
+        let config = BreakerConfig {
+            min_calls: 1,
+            recovery_ms: 1_000,
+            half_open_probes,
+            ..BreakerConfig::default()
+        };
+        let breakers = Arc::new(Breakers::with_clock(config, clock).unwrap());
+        let gate = CircuitGate::new(Arc::clone(&breakers), |head: &http::request::Parts| {
+            head.uri.path().starts_with("/pay").then_some("payments")
+        });
+        let feedback = gate.feedback();
+        let mut config = TriageConfig::default();
+        config.queue.admission = triage::admission::QueueAgeConfig::disabled();
+        let layer = TriageLayer::builder(config, limit(slots))
+            .gate(gate)
+            .build()
+            .unwrap();
+        let reached = Arc::new(AtomicU32::new(0));
+        let release = Arc::new(Semaphore::new(0));
+        Entry {
+            breakers,
+            mock,
+            layer,
+            reached,
+            release,
+            feedback,
+        }
+    }
+
+    /// The service: the triage layer, the feedback layer inside it, then the handler.
+    fn service(
+        e: &Entry,
+    ) -> impl tower::Service<
+        Request<String>,
+        Response = Response<triage_tower::TriageBody<String>>,
+        Error = Infallible,
+        Future = impl Send,
+    > + Clone
+           + Send {
+        let (reached, release) = (Arc::clone(&e.reached), Arc::clone(&e.release));
+        let handler = service_fn(move |req: Request<String>| {
+            let (reached, release) = (Arc::clone(&reached), Arc::clone(&release));
+            async move {
+                reached.fetch_add(1, Ordering::SeqCst);
+                release.acquire().await.unwrap().forget();
+                let mut res = Response::new(String::new());
+                if req.uri().path().starts_with("/pay") {
+                    *res.status_mut() = StatusCode::BAD_GATEWAY;
+                }
+                Ok::<_, Infallible>(res)
+            }
+        });
+        e.layer.layer(e.feedback.layer(handler))
+    }
+
+    /// Item 4 of issue 30: with `half_open_probes = 1`, five concurrent requests to a circuit
+    /// open past its recovery time all reached the failing downstream (the gate admitted an
+    /// open circuit without taking a probe slot; the feedback layer let through what
+    /// `try_call` refused). Here the five arrive while the only slot is busy, so all of them
+    /// pass the gate before any reaches the feedback layer: one probe goes through, the other
+    /// four are refused at the gate.
+    #[tokio::test]
+    async fn a_recovering_circuit_lets_through_its_probes_only() {
+        let e = entry(1, 1);
+        let svc = service(&e);
+        e.breakers.record_failure("payments");
+        assert_eq!(e.breakers.state("payments"), Some(CircuitState::Open));
+        e.mock.increment(Duration::from_millis(1_000));
+        let holder = tokio::spawn(
+            svc.clone()
+                .oneshot(get("/work").body(String::new()).unwrap()),
+        );
+        while e.reached.load(Ordering::SeqCst) < 1 {
+            tokio::task::yield_now().await;
+        }
+        let requests: Vec<_> = (0..5)
+            .map(|_| {
+                tokio::spawn(
+                    svc.clone()
+                        .oneshot(get("/pay").body(String::new()).unwrap()),
+                )
+            })
+            .collect();
+        let refused = |e: &Entry| {
+            e.layer
+                .stats()
+                .refused(Criticality::Medium, RefusalReason::Circuit)
+        };
+        let waiting = |e: &Entry| e.layer.admission().waiting().medium as u64;
+        while waiting(&e) + refused(&e) < 5 {
+            tokio::task::yield_now().await;
+        }
+        // Enough for every call that reaches the handler.
+        e.release.add_permits(6);
+        assert_eq!(holder.await.unwrap().unwrap().status(), StatusCode::OK);
+        let mut statuses = Vec::new();
+        for r in requests {
+            statuses.push(r.await.unwrap().unwrap().status().as_u16());
+        }
+        statuses.sort_unstable();
+        assert_eq!(
+            e.reached.load(Ordering::SeqCst) - 1,
+            1,
+            "one probe reached the downstream"
+        );
+        assert_eq!(statuses, [502, 503, 503, 503, 503]);
+        assert_eq!(refused(&e), 4);
+        // The probe failed: open again, for another recovery time.
+        assert_eq!(e.breakers.state("payments"), Some(CircuitState::Open));
+        assert_eq!(e.breakers.opened_total(), 2);
+        assert_eq!(e.layer.admission().limit().in_flight(), 0);
+    }
+
+    /// The feedback layer does not let a request through when the circuit gives it no call:
+    /// one admitted while the circuit was closed, that waited for a slot while it opened, is
+    /// answered 503 (circuit) without reaching the downstream, and counted refused, not
+    /// served.
+    #[tokio::test]
+    async fn a_request_whose_circuit_opened_while_it_waited_is_refused_inside() {
+        let e = entry(1, 1);
+        let svc = service(&e);
+        let holder = tokio::spawn(
+            svc.clone()
+                .oneshot(get("/work").body(String::new()).unwrap()),
+        );
+        while e.reached.load(Ordering::SeqCst) < 1 {
+            tokio::task::yield_now().await;
+        }
+        let pay = tokio::spawn(
+            svc.clone()
+                .oneshot(get("/pay").body(String::new()).unwrap()),
+        );
+        while e.layer.admission().waiting().medium < 1 {
+            tokio::task::yield_now().await;
+        }
+        e.breakers.record_failure("payments");
+        e.release.add_permits(1);
+        assert_eq!(holder.await.unwrap().unwrap().status(), StatusCode::OK);
+        // Answered, or (as before the fix) reached the handler, where it would wait.
+        while !pay.is_finished() && e.reached.load(Ordering::SeqCst) < 2 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            e.reached.load(Ordering::SeqCst),
+            1,
+            "the downstream was not called"
+        );
+        let res = pay.await.unwrap().unwrap();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(res.headers()[wire::REASON], "circuit");
+        assert_eq!(res.headers()[wire::RETRY_AFTER], "1");
+        assert_eq!(
+            e.reached.load(Ordering::SeqCst),
+            1,
+            "the downstream was not called"
+        );
+        let stats = e.layer.stats();
+        assert_eq!(stats.served[Criticality::Medium], 1);
+        assert_eq!(
+            stats.refused(Criticality::Medium, RefusalReason::Circuit),
+            1
+        );
+        assert_eq!(e.layer.admission().limit().in_flight(), 0);
+    }
+}
