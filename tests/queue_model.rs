@@ -8,7 +8,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use triage::admission::QueueAgeConfig;
-use triage::quanta::Clock;
+use triage::quanta::{Clock, Instant};
 use triage::queue::{Meta, PushError, WfqConfig, WfqQueue};
 use triage::{Criticality, PerTier};
 
@@ -18,6 +18,8 @@ enum Action {
         tier: Criticality,
         deadline_ms: Option<u16>,
         size: usize,
+        /// When it must leave the queue, served or not (`WfqQueue::take_due`), from now.
+        hand_back_ms: Option<u16>,
     },
     Pop,
     Advance(u16),
@@ -31,6 +33,10 @@ enum Action {
         modulo: u64,
         rest: u64,
     },
+    /// Starts reading the items' hand-back instants (`WfqQueue::track_hand_backs`).
+    Track,
+    /// Takes out the items whose hand-back instant has come.
+    TakeDue,
 }
 
 fn tier() -> impl Strategy<Value = Criticality> {
@@ -53,13 +59,15 @@ fn size() -> impl Strategy<Value = usize> {
 
 fn action() -> impl Strategy<Value = Action> {
     prop_oneof![
-        6 => (tier(), proptest::option::weighted(0.5, 0..200u16), size())
-            .prop_map(|(tier, deadline_ms, size)| Action::Push { tier, deadline_ms, size }),
+        6 => (tier(), proptest::option::weighted(0.5, 0..200u16), size(), proptest::option::weighted(0.6, 0..300u16))
+            .prop_map(|(tier, deadline_ms, size, hand_back_ms)| Action::Push { tier, deadline_ms, size, hand_back_ms }),
         4 => Just(Action::Pop),
         2 => (0..100u16).prop_map(Action::Advance),
         1 => (1..24usize, proptest::option::of(64..400usize), proptest::array::uniform4(1..10u32))
             .prop_map(|(capacity, max_bytes, weights)| Action::Reconfigure { capacity, max_bytes, weights }),
         1 => (1..4u64, 0..4u64).prop_map(|(modulo, rest)| Action::DrainWhere { modulo, rest }),
+        1 => Just(Action::Track),
+        2 => Just(Action::TakeDue),
     ]
 }
 
@@ -68,6 +76,16 @@ struct Item {
     id: u64,
     deadline_ms: Option<u64>,
     size: usize,
+    hand_back_ms: Option<u64>,
+}
+
+/// What the queue holds in the model run: the id, and the hand-back instant the queue reads
+/// with [`hand_back_of`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Id(u64, Option<Instant>);
+
+fn hand_back_of(item: &Id) -> Option<Instant> {
+    item.1
 }
 
 /// The rules, written as plainly as possible.
@@ -175,6 +193,7 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
     let mut next_id = 0u64;
     let mut enqueued_at = std::collections::HashMap::new();
     let cutoffs = QueueAgeConfig::default();
+    let mut tracked = false;
 
     for action in actions {
         match action {
@@ -182,6 +201,7 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                 tier,
                 deadline_ms,
                 size,
+                hand_back_ms,
             } => {
                 let id = next_id;
                 next_id += 1;
@@ -189,7 +209,9 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                     id,
                     deadline_ms: deadline_ms.map(|d| now_ms + u64::from(d)),
                     size,
+                    hand_back_ms: hand_back_ms.map(|h| now_ms + u64::from(h)),
                 };
+                let hand_back = item.hand_back_ms.map(|h| origin + Duration::from_millis(h));
                 let mut meta = Meta::new(tier).size_bytes(item.size);
                 if let Some(d) = item.deadline_ms {
                     meta = meta.deadline(origin + Duration::from_millis(d));
@@ -204,7 +226,7 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                 let makes_room = !model.fits(1, item.size)
                     && model.can_make_room(rank, item.size, now_ms)
                     && !dead_on_arrival;
-                match queue.push(id, meta) {
+                match queue.push(Id(id, hand_back), meta) {
                     Ok(removed) => {
                         let mut expected_expired = Vec::new();
                         if makes_room {
@@ -214,9 +236,9 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                         let mut evicted = Vec::new();
                         for r in removed {
                             if r.is_expired() {
-                                expired.push(r.into_inner());
+                                expired.push(r.into_inner().0);
                             } else {
-                                evicted.push(r.into_inner());
+                                evicted.push(r.into_inner().0);
                             }
                         }
                         expired.sort_unstable();
@@ -244,7 +266,7 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                         enqueued_at.insert(id, now_ms);
                     }
                     Err(PushError::Full(back)) => {
-                        prop_assert_eq!(back, id);
+                        prop_assert_eq!(back.0, id);
                         prop_assert!(
                             !makes_room,
                             "refused as full although discarding the expired and evicting would make room"
@@ -262,11 +284,11 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                         );
                     }
                     Err(PushError::TooLarge(back)) => {
-                        prop_assert_eq!(back, id);
+                        prop_assert_eq!(back.0, id);
                         prop_assert!(model.max_bytes.is_some_and(|m| item.size > m));
                     }
                     Err(PushError::Overloaded(back)) => {
-                        prop_assert_eq!(back, id);
+                        prop_assert_eq!(back.0, id);
                         prop_assert!(admission, "refused by admission while it is disabled");
                         // Shed means the age this tier sees has not fallen to its exit point
                         // since it crossed the cut-off; ages only grow between observations.
@@ -292,7 +314,7 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                     let head = model.tiers[rank].pop_front();
                     prop_assert!(head.is_some());
                     let head = head.unwrap();
-                    prop_assert_eq!(*entry.item(), head.id, "FIFO within a tier");
+                    prop_assert_eq!(entry.item().0, head.id, "FIFO within a tier");
                     let model_expired = matches!(head.deadline_ms, Some(d) if d <= now_ms);
                     prop_assert_eq!(
                         expired,
@@ -315,7 +337,7 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                     .reconfigure(config(capacity, max_bytes, weights, admission))
                     .unwrap()
                     .into_iter()
-                    .map(|e| e.into_inner())
+                    .map(|e| e.into_inner().0)
                     .collect();
                 model.capacity = capacity;
                 model.max_bytes = max_bytes;
@@ -328,9 +350,9 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
             Action::DrainWhere { modulo, rest } => {
                 let matches = |id: u64| id % modulo == rest;
                 let drained: Vec<u64> = queue
-                    .drain_where(|&id| matches(id))
+                    .drain_where(|i| matches(i.0))
                     .into_iter()
-                    .map(|e| e.into_inner())
+                    .map(|e| e.into_inner().0)
                     .collect();
                 // Most critical first, oldest first; the rest keep their order.
                 let expected: Vec<u64> = model
@@ -345,6 +367,31 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
                     tier.retain(|i| !matches(i.id));
                 }
                 prop_assert_eq!(drained, expected, "drain_where takes exactly the matches");
+            }
+            Action::Track => {
+                queue.track_hand_backs(hand_back_of);
+                tracked = true;
+            }
+            Action::TakeDue => {
+                let taken: Vec<u64> = queue
+                    .take_due()
+                    .into_iter()
+                    .map(|e| e.into_inner().0)
+                    .collect();
+                let due = |i: &Item| tracked && i.hand_back_ms.is_some_and(|h| h <= now_ms);
+                // Most critical first, oldest first; the rest keep their order.
+                let expected: Vec<u64> = model
+                    .tiers
+                    .iter()
+                    .rev()
+                    .flatten()
+                    .filter(|i| due(i))
+                    .map(|i| i.id)
+                    .collect();
+                for tier in &mut model.tiers {
+                    tier.retain(|i| !due(i));
+                }
+                prop_assert_eq!(taken, expected, "take_due takes exactly what is due");
             }
         }
         // Invariants after every step.
@@ -367,12 +414,16 @@ fn run(actions: Vec<Action>, admission: bool) -> Result<(), TestCaseError> {
         }
     }
     // Close hands back exactly what the model holds, most critical first, oldest first.
-    let drained: Vec<u64> = queue.close().into_iter().map(|e| e.into_inner()).collect();
+    let drained: Vec<u64> = queue
+        .close()
+        .into_iter()
+        .map(|e| e.into_inner().0)
+        .collect();
     let expected: Vec<u64> = model.tiers.iter().rev().flatten().map(|i| i.id).collect();
     prop_assert_eq!(drained, expected);
     prop_assert!(queue.stats().balances());
     prop_assert!(matches!(
-        queue.push(u64::MAX, Meta::new(Criticality::Critical)),
+        queue.push(Id(u64::MAX, None), Meta::new(Criticality::Critical)),
         Err(PushError::Closed(_))
     ));
     let _ = PerTier::splat(0);

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use quanta::Instant;
 
+use super::hand_back::{Scan, TierHandBacks};
 use super::scheduler::Stride;
 use super::time::DEADLINE_WINDOW;
 use super::{
@@ -56,9 +57,15 @@ pub(crate) struct Core<T> {
     /// it). A push that needs room looks for expired items only once this has passed, so a
     /// full queue of live items pays one comparison, not a scan.
     earliest_deadline: Option<Instant>,
+    /// Reads an item's hand-back instant, once [`track_hand_backs`](Self::track_hand_backs)
+    /// was called: then pushes keep `hand_backs` (one call and a comparison or two), and
+    /// [`take_due`](Self::take_due) finds what is due. `None` costs a push one branch.
+    hand_back_of: Option<fn(&T) -> Option<Instant>>,
     /// The counters of the slow paths (refusals, evictions, expiries, drains); `pushed` and
     /// `popped` above are added in by [`stats`](Self::stats).
     stats: [TierStats; 4],
+    /// Per tier, indexed by rank: bounds of the items' hand-back instants (see `hand_back.rs`).
+    hand_backs: [TierHandBacks; 4],
 }
 
 /// `usize::MAX` with a byte budget, 0 without (`Core::budget_mask`).
@@ -88,7 +95,9 @@ impl<T> Core<T> {
             bytes: [0; 4],
             tiers: Default::default(),
             earliest_deadline: None,
+            hand_back_of: None,
             stats: [TierStats::default(); 4],
+            hand_backs: [TierHandBacks::default(); 4],
         }
     }
 
@@ -166,6 +175,9 @@ impl<T> Core<T> {
             }
         }
         let was_empty = self.backlog & (1 << rank) == 0;
+        if let Some(of) = self.hand_back_of {
+            self.track_push(rank, of(&item), was_empty);
+        }
         self.tiers[rank].push_back(Entry::new(item, meta, now));
         if was_empty {
             self.backlog |= 1 << rank;
@@ -178,6 +190,15 @@ impl<T> Core<T> {
         }
         self.pushed[rank] += 1;
         was_empty
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn track_push(&mut self, rank: usize, h: Option<Instant>, was_empty: bool) {
+        if was_empty {
+            self.hand_backs[rank] = TierHandBacks::default();
+        }
+        self.hand_backs[rank].pushed_back(h);
     }
 
     #[cold]
@@ -410,6 +431,10 @@ impl<T> Core<T> {
             }
         }
         self.sched.refund(rank);
+        if let Some(of) = self.hand_back_of {
+            let old_head = self.tiers[rank].front().map(|h| of(&h.item));
+            self.hand_backs[rank].pushed_front(of(&e.item), old_head);
+        }
         self.backlog |= 1 << rank;
         self.tiers[rank].push_front(e);
         self.len += 1;
@@ -504,10 +529,68 @@ impl<T> Core<T> {
         out
     }
 
+    /// Reads each item's hand-back instant with `of` from now on (see
+    /// [`WfqQueue::track_hand_backs`](super::WfqQueue::track_hand_backs)); the bounds of the
+    /// items already held are computed once, by a scan.
+    pub(crate) fn track_hand_backs(&mut self, of: fn(&T) -> Option<Instant>) {
+        self.hand_back_of = Some(of);
+        for rank in 0..self.tiers.len() {
+            let mut scan = Scan::default();
+            for e in &self.tiers[rank] {
+                scan.visit(of(&e.item));
+            }
+            self.hand_backs[rank] = TierHandBacks::rescanned(scan);
+        }
+    }
+
+    /// Takes out every item whose hand-back instant is at or before `now` into `out`, most
+    /// critical tier first and oldest first within a tier, counted as drained: the heads
+    /// while they are due, and a tier's other items only when one of its stragglers may be
+    /// (see `hand_back.rs`). Nothing without [`track_hand_backs`](Self::track_hand_backs).
+    pub(crate) fn take_due(&mut self, now: Instant, out: &mut Vec<Entry<T>>) {
+        let Some(of) = self.hand_back_of else {
+            return;
+        };
+        let due = |e: &Entry<T>| of(&e.item).is_some_and(|h| h <= now);
+        for rank in (0..self.tiers.len()).rev() {
+            while self.tiers[rank].front().is_some_and(due) {
+                let Some(e) = self.tiers[rank].pop_front() else {
+                    break;
+                };
+                self.take_out(rank, &e);
+                self.stats[rank].drained += 1;
+                out.push(e);
+            }
+            if self.hand_backs[rank].stragglers_due(now) {
+                let mut scan = Scan::default();
+                for _ in 0..self.tiers[rank].len() {
+                    let Some(e) = self.tiers[rank].pop_front() else {
+                        break;
+                    };
+                    let h = of(&e.item);
+                    if h.is_some_and(|h| h <= now) {
+                        self.take_out(rank, &e);
+                        self.stats[rank].drained += 1;
+                        out.push(e);
+                    } else {
+                        scan.visit(h);
+                        self.tiers[rank].push_back(e);
+                    }
+                }
+                self.hand_backs[rank] = TierHandBacks::rescanned(scan);
+            }
+            if self.tiers[rank].is_empty() {
+                self.backlog &= !(1 << rank);
+                self.hand_backs[rank] = TierHandBacks::default();
+            }
+        }
+    }
+
     /// Closes the queue and hands back everything it holds, most critical first, oldest first.
     pub(crate) fn close(&mut self) -> Vec<Entry<T>> {
         self.closed = true;
         self.earliest_deadline = None;
+        self.hand_backs = [TierHandBacks::default(); 4];
         let mut out = Vec::with_capacity(self.len);
         for rank in (0..4).rev() {
             let n = self.tiers[rank].len() as u64;

@@ -103,6 +103,7 @@ mod config;
 mod core;
 mod entry;
 mod error;
+mod hand_back;
 mod lock;
 mod scheduler;
 mod stats;

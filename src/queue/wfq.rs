@@ -820,6 +820,73 @@ impl<T> WfqQueue<T> {
         out
     }
 
+    /// From now on, reads each item's *hand-back instant* with `hand_back_of`: the instant by
+    /// which the item must leave the queue, served or not (`None`: it may wait for ever). For
+    /// a consumer whose broker takes a delivery back by force when it stays unacknowledged too
+    /// long (RabbitMQ's `consumer_timeout`): [`take_due`](Self::take_due) then takes out what
+    /// is due, so it can be handed back in time. The function must be cheap and pure (the same
+    /// answer for an item whenever it is asked): a push calls it once. Calling this again
+    /// replaces the function. The items already held are scanned once, under the lock.
+    pub fn track_hand_backs(&self, hand_back_of: fn(&T) -> Option<Instant>) {
+        self.state.lock().core.track_hand_backs(hand_back_of);
+    }
+
+    /// Takes out every held item whose hand-back instant (see
+    /// [`track_hand_backs`](Self::track_hand_backs)) is at or before the clock's time now, and
+    /// hands them back, most critical tier first and oldest first within a tier, counted in
+    /// [`TierStats::drained`](super::TierStats::drained); the others keep their places and
+    /// their order. Empty until `track_hand_backs` is called.
+    ///
+    /// Cheap enough for a timer tick, whatever the queue holds: it looks at each tier's head
+    /// while it is due, and scans a tier only when an item queued behind a later one (a
+    /// message offered again after waiting elsewhere, a retry, one of a source with less
+    /// patience, or one behind an item that may wait for ever) may be due: at most once per
+    /// such item handed back, never per message (see `hand_back.rs` for the bounds that make
+    /// this exact).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use triage::quanta::{Clock, Instant};
+    /// use triage::queue::{Meta, WfqConfig, WfqQueue};
+    /// use triage::Criticality;
+    ///
+    /// let (clock, mock) = Clock::mock();
+    /// let queue: WfqQueue<(&str, Option<Instant>)> =
+    ///     WfqQueue::with_clock(WfqConfig::with_capacity(8), clock.clone())?;
+    /// queue.track_hand_backs(|&(_, by)| by);
+    /// let soon = clock.now() + Duration::from_secs(1);
+    /// for item in [("a", Some(soon)), ("b", None), ("c", Some(soon + Duration::from_secs(5)))] {
+    ///     assert!(queue.push(item, Meta::new(Criticality::Sheddable))?.is_empty());
+    /// }
+    /// assert!(queue.take_due().is_empty());
+    /// mock.increment(Duration::from_secs(1));
+    /// let due: Vec<_> = queue.take_due().into_iter().map(|e| e.into_inner().0).collect();
+    /// assert_eq!(due, ["a"]);
+    /// mock.increment(Duration::from_secs(5));
+    /// // "c" waited behind "b", which may wait for ever: found all the same.
+    /// let due: Vec<_> = queue.take_due().into_iter().map(|e| e.into_inner().0).collect();
+    /// assert_eq!(due, ["c"]);
+    /// assert_eq!(queue.len(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn take_due(&self) -> Vec<Entry<T>> {
+        let mut out = Vec::new();
+        let mut st = self.state.lock();
+        // A precise read: a periodic caller must not keep the clock's upkeep thread awake
+        // (see the `time` module).
+        let now = self.clock.now();
+        st.core.take_due(now, &mut out);
+        if out.is_empty() {
+            return out;
+        }
+        self.observe(&mut st, now);
+        drop(st);
+        self.not_full.notify(usize::MAX);
+        out
+    }
+
     /// Whether [`close`](Self::close) was called.
     pub fn is_closed(&self) -> bool {
         self.shed_level.load(Ordering::Relaxed) == CLOSED_LEVEL
@@ -1416,6 +1483,40 @@ mod tests {
         assert_eq!(q.drain_where(|_| true).len(), 1);
         assert!(q.admits(Criticality::Sheddable));
         assert_eq!(q.len(), 0);
+    }
+
+    /// A worker hands back to the head of its tier an item due later than the one now at the
+    /// head: the earlier one, behind it, is found when due all the same (it straggles), and
+    /// so is one queued behind an item that may wait for ever.
+    #[test]
+    fn take_due_finds_an_item_behind_a_later_one() {
+        type Item = (u32, Option<Instant>);
+        let (clock, mock) = Clock::mock();
+        let config = WfqConfig::with_capacity(8).admission(QueueAgeConfig::disabled());
+        let q: WfqQueue<Item> = WfqQueue::with_clock(config, clock.clone()).expect("valid");
+        q.track_hand_backs(|&(_, by)| by);
+        let at = |ms| Some(clock.now() + Duration::from_millis(ms));
+        let tier = Meta::new(Criticality::Sheddable);
+        assert!(q.push((1, at(50)), tier).unwrap().is_empty());
+        let mut batch = Vec::new();
+        assert_eq!(q.pop_batch(1, &mut batch), Ok(1));
+        assert!(q.push((2, at(10)), tier).unwrap().is_empty());
+        assert!(q.push((3, None), tier).unwrap().is_empty());
+        assert!(q.push((4, at(20)), tier).unwrap().is_empty());
+        // Item 1 goes back in front of item 2, which is due sooner.
+        assert_eq!(q.requeue(&mut batch, Criticality::High), Ok(1));
+        let ids = |v: Vec<Entry<Item>>| v.into_iter().map(|e| e.into_inner().0).collect::<Vec<_>>();
+        assert!(q.take_due().is_empty());
+        mock.increment(Duration::from_millis(10));
+        assert_eq!(ids(q.take_due()), [2]);
+        mock.increment(Duration::from_millis(10));
+        assert_eq!(ids(q.take_due()), [4]);
+        mock.increment(Duration::from_millis(30));
+        assert_eq!(ids(q.take_due()), [1]);
+        let stats = q.stats();
+        assert_eq!(stats.tier(Criticality::Sheddable).drained, 3);
+        assert!(stats.balances(), "{stats}");
+        assert_eq!(ids(q.close()), [3]);
     }
 
     #[test]
