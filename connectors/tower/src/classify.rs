@@ -20,12 +20,18 @@ type Closure = Arc<dyn Fn(&Parts) -> Option<Criticality> + Send + Sync>;
 ///    its own tier (an authenticated extension, an internal listener): a client that could
 ///    name itself Critical would, so by default no request is trusted;
 /// 2. the user's closure;
-/// 3. the route table, longest matching path prefix first;
+/// 3. the route table, longest matching path prefix first (a prefix matches whole path
+///    segments: `/checkout` matches `/checkout` and `/checkout/pay`, not `/checkout-report`);
 /// 4. the configured default tier, counted as unclassified (as is a trusted header with an
 ///    unknown label).
 ///
 /// Then the `triage-attempt` header (retries so far, set by the retry policy of this crate)
 /// demotes the tier one level per retry, from anyone: it can only lower a request.
+///
+/// The inner service sees the outcome, never a client's claim: the tier in the request's
+/// extensions (a [`Criticality`], after demotion), and `triage-criticality` overwritten with
+/// the tier before demotion (the header's meaning in the wire contract, for a handler that
+/// propagates it to the next hop).
 ///
 /// # Examples
 ///
@@ -105,7 +111,10 @@ impl Classifier {
         self
     }
 
-    /// Requests whose path starts with `prefix` are of `tier` (the longest prefix wins).
+    /// Requests whose path is `prefix` or lies below it are of `tier` (the longest prefix
+    /// wins). A prefix matches whole segments: `/checkout` takes `/checkout` and
+    /// `/checkout/pay` but not `/checkout-report`; a prefix ending in `/` (`/api/`, `/`) takes
+    /// every path that starts with it.
     #[must_use]
     pub fn route(mut self, prefix: impl Into<String>, tier: Criticality) -> Self {
         self.routes.push((prefix.into(), tier));
@@ -132,8 +141,13 @@ impl Classifier {
         let path = head.uri.path();
         self.routes
             .iter()
-            .find(|(prefix, _)| path.starts_with(prefix.as_str()))
+            .find(|(prefix, _)| below(path, prefix))
             .map(|(_, tier)| *tier)
+    }
+
+    /// Whether the `triage-criticality` header of this request is trusted.
+    pub(crate) fn trusts(&self, head: &Parts) -> bool {
+        self.trust.as_ref().is_some_and(|trust| trust(head))
     }
 
     /// The request's tier, demoted by its `triage-attempt`; `None` when nothing classifies
@@ -143,12 +157,26 @@ impl Classifier {
             .map(|tier| tier.demoted_by(attempt(head)))
     }
 
-    /// The request's tier, `default` when unclassified; the flag says whether it was.
-    pub(crate) fn classify(&self, head: &Parts, default: Criticality) -> (Criticality, bool) {
-        match self.base_tier(head) {
-            Some(tier) => (tier.demoted_by(attempt(head)), true),
-            None => (default.demoted_by(attempt(head)), false),
-        }
+    /// The request's tier before and after retry demotion, `default` when unclassified;
+    /// the flag says whether it was.
+    pub(crate) fn classify(
+        &self,
+        head: &Parts,
+        default: Criticality,
+    ) -> (Criticality, Criticality, bool) {
+        let (base, classified) = match self.base_tier(head) {
+            Some(tier) => (tier, true),
+            None => (default, false),
+        };
+        (base, base.demoted_by(attempt(head)), classified)
+    }
+}
+
+/// Whether `path` is `prefix` or lies below it, by whole segments.
+fn below(path: &str, prefix: &str) -> bool {
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'),
+        None => false,
     }
 }
 
@@ -240,7 +268,7 @@ mod tests {
         let bad = head(http::Request::get("/x").header(wire::CRITICALITY, "urgent"));
         assert_eq!(
             trusted.classify(&bad, Criticality::High),
-            (Criticality::High, false)
+            (Criticality::High, Criticality::High, false)
         );
     }
 
@@ -264,7 +292,7 @@ mod tests {
         );
         assert_eq!(
             c.classify(&head(http::Request::get("/")), Criticality::Medium),
-            (Criticality::Medium, false)
+            (Criticality::Medium, Criticality::Medium, false)
         );
     }
 
@@ -274,7 +302,7 @@ mod tests {
         let h = head(http::Request::get("/").header(wire::ATTEMPT, "2"));
         assert_eq!(
             c.classify(&h, Criticality::Critical),
-            (Criticality::Medium, false)
+            (Criticality::Critical, Criticality::Medium, false)
         );
     }
 

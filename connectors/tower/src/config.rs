@@ -42,10 +42,11 @@ pub struct TriageConfig {
     /// has passed since it arrived. Allowed 1 ms to 1 hour each. Default 1,000 / 500 / 250 /
     /// 100 ms (the worker runtime's overload example uses the same windows).
     pub tier_window: PerTier<Duration>,
-    /// The least `Retry-After` for each refusal reason. Allowed 1 s to 1 day each (the header
-    /// counts whole seconds). Default: capacity and expired 1 s, rate 1 s, circuit 30 s (an
-    /// open circuit suggests a longer backoff than a capacity shed: seed 003 says 30 to 60 s).
-    /// A [`Gate`](crate::Gate) may give its own wait for the refusals it makes.
+    /// The least `Retry-After` for each refusal reason that invites a retry. Allowed 1 s to
+    /// 1 day each (the header counts whole seconds). Default: capacity 1 s, rate 1 s, circuit
+    /// 30 s (an open circuit suggests a longer backoff than a capacity shed: seed 003 says 30
+    /// to 60 s). A [`Gate`](crate::Gate) may give its own wait for the refusals it makes. An
+    /// expired request gets no `Retry-After`: retrying it is useless.
     pub retry_after: RetryAfter,
     /// Uniform jitter added to every `Retry-After`, in whole seconds drawn from
     /// `0..=retry_after_jitter`, so refused clients do not come back in step. Allowed 0 to
@@ -58,14 +59,14 @@ pub struct TriageConfig {
     pub reappearance: ReappearanceConfig,
 }
 
-/// The least `Retry-After` per refusal reason (see [`TriageConfig::retry_after`]).
+/// The least `Retry-After` per refusal reason (see [`TriageConfig::retry_after`]). There is
+/// none for [`RefusalReason::Expired`]: a request whose deadline has passed cannot succeed
+/// on a retry, so its answer carries no `Retry-After`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RetryAfter {
     /// For a capacity shed (queue full, queue-age admission, evicted). Default 1 s.
     pub capacity: Duration,
-    /// For a request whose deadline passed while it waited. Default 1 s.
-    pub expired: Duration,
     /// For a rate refusal (a caller over its budget). Default 1 s.
     pub rate: Duration,
     /// For an open circuit. Default 30 s.
@@ -73,11 +74,11 @@ pub struct RetryAfter {
 }
 
 impl RetryAfter {
-    /// The least wait for `reason`.
+    /// The least wait for `reason`; zero for [`RefusalReason::Expired`] (no `Retry-After`).
     pub fn of(&self, reason: RefusalReason) -> Duration {
         match reason {
             RefusalReason::Capacity => self.capacity,
-            RefusalReason::Expired => self.expired,
+            RefusalReason::Expired => Duration::ZERO,
             RefusalReason::Rate => self.rate,
             RefusalReason::Circuit => self.circuit,
         }
@@ -88,7 +89,6 @@ impl Default for RetryAfter {
     fn default() -> Self {
         RetryAfter {
             capacity: Duration::from_secs(1),
-            expired: Duration::from_secs(1),
             rate: Duration::from_secs(1),
             circuit: Duration::from_secs(30),
         }
@@ -173,6 +173,9 @@ impl TriageConfig {
             )?;
         }
         for reason in RefusalReason::ALL {
+            if !reason.invites_retry() {
+                continue;
+            }
             check(
                 format!("retry_after.{}", reason.as_str()),
                 self.retry_after.of(reason),

@@ -40,8 +40,9 @@ type IdOf = Arc<dyn Fn(&Parts) -> Option<&[u8]> + Send + Sync>;
 ///    refused at once when not admitted, refused when evicted, answered when its deadline
 ///    passes, never served late;
 /// 5. the inner service runs holding the slot, with the request's tier (a [`Criticality`])
-///    in its extensions (for brownout: `req.extensions().get::<Criticality>()`); its latency
-///    feeds the limit's algorithm.
+///    in its extensions (for brownout: `req.extensions().get::<Criticality>()`) and
+///    `triage-criticality` set to the tier the entry trusts (a client's own claim never
+///    reaches it); its latency feeds the limit's algorithm.
 ///
 /// Refusals are answered by [`Refusal::http_response`] (503 or 429, `Retry-After` with
 /// jitter, a JSON body) or, for `content-type: application/grpc`, by
@@ -324,6 +325,8 @@ pub(crate) struct Shared {
 
 /// A request's facts, decided from its head.
 pub(crate) struct Decided {
+    /// The tier before retry demotion.
+    pub(crate) base: Criticality,
     pub(crate) tier: Criticality,
     pub(crate) deadline: Instant,
     pub(crate) id: Option<u64>,
@@ -332,6 +335,25 @@ pub(crate) struct Decided {
 }
 
 impl Shared {
+    /// What the inner service sees of the request's class: its tier in the extensions, and
+    /// `triage-criticality` overwritten with the tier the entry trusts (before demotion, as
+    /// the wire contract defines the header), never a client's claim.
+    pub(crate) fn stamp(&self, d: &Decided, head: &mut Parts) {
+        head.extensions.insert(d.tier);
+        head.headers.insert(
+            crate::names::CRITICALITY,
+            http::HeaderValue::from_static(d.base.as_str()),
+        );
+    }
+
+    /// On a never-shed path (not classified): removes an untrusted `triage-criticality`, so a
+    /// handler there cannot read a client's claim either.
+    pub(crate) fn strip_untrusted(&self, head: &mut Parts) {
+        if head.headers.contains_key(crate::names::CRITICALITY) && !self.classifier.trusts(head) {
+            head.headers.remove(crate::names::CRITICALITY);
+        }
+    }
+
     pub(crate) fn is_never_shed(&self, head: &Parts) -> bool {
         let path = head.uri.path();
         if self.never_shed.iter().any(|p| p == path) {
@@ -345,7 +367,7 @@ impl Shared {
     /// Classification, deadline, id (and its reappearance), from the head.
     pub(crate) fn decide(&self, head: &Parts) -> Decided {
         let started = self.clock.now();
-        let (tier, classified) = self.classifier.classify(head, self.config.default_tier);
+        let (base, tier, classified) = self.classifier.classify(head, self.config.default_tier);
         if !classified {
             self.counts.unclassified.fetch_add(1, Ordering::Relaxed);
             self.metrics.unclassified.increment(1);
@@ -362,6 +384,7 @@ impl Shared {
         }
         let window = classify::remaining(head).unwrap_or(self.config.tier_window[tier]);
         Decided {
+            base,
             tier,
             // Time left from a header may be anything a client writes: saturating.
             deadline: wire::deadline_after(started, window),

@@ -11,8 +11,9 @@
 //!   bounded weighted-fair queue in front of a [`ConcurrencyLimit`](triage::limit::ConcurrencyLimit)
 //!   that a worker [`Runtime`](triage::runtime::Runtime) in the same process can share, so
 //!   HTTP and background work draw on one capacity).
-//! - Refusals ([`Refusal`]): 503 with `Retry-After` for capacity (and for an expired wait),
-//!   429 for a rate refusal, 503 with a longer `Retry-After` for an open circuit; gRPC
+//! - Refusals ([`Refusal`]): 503 with `Retry-After` for capacity, 503 without one for an
+//!   expired request (retrying it is useless), 429 for a rate refusal, 503 with a longer
+//!   `Retry-After` for an open circuit; gRPC
 //!   `UNAVAILABLE`, `RESOURCE_EXHAUSTED` and `DEADLINE_EXCEEDED` for gRPC calls; a short JSON
 //!   body; jitter on `Retry-After`.
 //! - Paths never shed (health, readiness, metrics).

@@ -20,7 +20,8 @@ pub enum RefusalReason {
     /// it, the entry queue was full with nothing lower to evict, or a more important request
     /// evicted it while it waited. HTTP 503, gRPC `UNAVAILABLE`.
     Capacity,
-    /// Its deadline passed while it waited for a slot: answered, never served. HTTP 503, gRPC
+    /// Its deadline passed (on arrival, or while it waited for a slot): answered, never
+    /// served. HTTP 503 without `Retry-After` (retrying is useless), gRPC
     /// `DEADLINE_EXCEEDED`.
     Expired,
     /// The caller, or its tier, is over its rate budget (a token bucket). HTTP 429, gRPC
@@ -67,6 +68,12 @@ impl RefusalReason {
             RefusalReason::Rate => 8,
             RefusalReason::Expired => 4,
         }
+    }
+
+    /// Whether the answer invites a retry (carries `Retry-After`): every reason but
+    /// [`Expired`](Self::Expired), whose request cannot succeed on a retry.
+    pub const fn invites_retry(self) -> bool {
+        !matches!(self, RefusalReason::Expired)
     }
 
     pub(crate) const fn index(self) -> usize {
@@ -117,14 +124,23 @@ pub struct Refusal {
     pub reason: RefusalReason,
     /// The tier the request was classified in (after demotion of a retry).
     pub tier: Criticality,
-    /// The wait given to the client, whole seconds (what `Retry-After` says).
+    /// The wait given to the client, whole seconds (what `Retry-After` says); zero, and no
+    /// `Retry-After`, for a reason that invites no retry ([`RefusalReason::invites_retry`]).
     pub retry_after: Duration,
 }
 
 impl Refusal {
     /// A refusal; `retry_after` is rounded up to whole seconds, at least 1 s and at most
-    /// [`wire::MAX_RETRY_AFTER`], as the header will say.
+    /// [`wire::MAX_RETRY_AFTER`], as the header will say; zero for a reason that invites no
+    /// retry.
     pub fn new(reason: RefusalReason, tier: Criticality, retry_after: Duration) -> Refusal {
+        if !reason.invites_retry() {
+            return Refusal {
+                reason,
+                tier,
+                retry_after: Duration::ZERO,
+            };
+        }
         let secs = retry_after.min(wire::MAX_RETRY_AFTER);
         let secs = (secs.as_secs() + u64::from(secs.subsec_nanos() > 0)).max(1);
         Refusal {
@@ -167,16 +183,16 @@ impl Refusal {
         })
     }
 
-    /// The HTTP answer: [`RefusalReason::status`], `Retry-After`, `triage-reason`, and the
-    /// JSON [`body`](Self::body).
+    /// The HTTP answer: [`RefusalReason::status`], `Retry-After` (unless the reason invites
+    /// no retry), `triage-reason`, and the JSON [`body`](Self::body).
     pub fn http_response(&self) -> Response<Full<Bytes>> {
         Rendered::new(self).http()
     }
 
     /// The gRPC answer, trailers-only: HTTP 200 with `content-type: application/grpc`,
     /// `grpc-status` ([`RefusalReason::grpc_code`]), `grpc-message` (the reason and tier),
-    /// `grpc-retry-pushback-ms` and `Retry-After`, and no body; tonic clients read the status
-    /// from these headers.
+    /// `grpc-retry-pushback-ms` and `Retry-After` (unless the reason invites no retry), and
+    /// no body; tonic clients read the status from these headers.
     pub fn grpc_response(&self) -> Response<Full<Bytes>> {
         Rendered::new(self).grpc()
     }
@@ -194,8 +210,8 @@ pub(crate) struct RefusedInside(pub(crate) RefusalReason);
 pub(crate) struct Rendered {
     reason: RefusalReason,
     body: Bytes,
-    retry_after: HeaderValue,
-    pushback_ms: HeaderValue,
+    /// `Retry-After` and `grpc-retry-pushback-ms`, for a reason that invites a retry.
+    retry: Option<(HeaderValue, HeaderValue)>,
     message: HeaderValue,
 }
 
@@ -206,11 +222,16 @@ impl Rendered {
                 .unwrap_or(HeaderValue::from_static("1"))
         };
         let pushback_ms = u64::try_from(refusal.retry_after.as_millis()).unwrap_or(u64::MAX);
+        let retry = refusal.reason.invites_retry().then(|| {
+            (
+                value(wire::format_retry_after(refusal.retry_after)),
+                value(pushback_ms.to_string()),
+            )
+        });
         Rendered {
             reason: refusal.reason,
             body: refusal.body(),
-            retry_after: value(wire::format_retry_after(refusal.retry_after)),
-            pushback_ms: value(pushback_ms.to_string()),
+            retry,
             message: value(format!(
                 "shed: {} ({})",
                 refusal.reason.as_str(),
@@ -239,7 +260,9 @@ impl Rendered {
         let mut response = Response::new(Full::new(self.body.clone()));
         *response.status_mut() = self.reason.status();
         let headers = response.headers_mut();
-        headers.insert(names::RETRY_AFTER, self.retry_after.clone());
+        if let Some((retry_after, _)) = &self.retry {
+            headers.insert(names::RETRY_AFTER, retry_after.clone());
+        }
         headers.insert(
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
@@ -267,8 +290,10 @@ impl Rendered {
             }),
         );
         headers.insert(names::GRPC_MESSAGE, self.message.clone());
-        headers.insert(names::GRPC_RETRY_PUSHBACK_MS, self.pushback_ms.clone());
-        headers.insert(names::RETRY_AFTER, self.retry_after.clone());
+        if let Some((retry_after, pushback_ms)) = &self.retry {
+            headers.insert(names::GRPC_RETRY_PUSHBACK_MS, pushback_ms.clone());
+            headers.insert(names::RETRY_AFTER, retry_after.clone());
+        }
         response
     }
 }
@@ -314,8 +339,13 @@ mod tests {
             let r = Refusal::new(reason, t, Duration::from_millis(1_500)).grpc_response();
             assert_eq!(r.status(), 200);
             assert_eq!(r.headers()[wire::GRPC_STATUS], code);
-            assert_eq!(r.headers()[wire::GRPC_RETRY_PUSHBACK_MS], "2000");
-            assert_eq!(r.headers()[wire::RETRY_AFTER], "2");
+            if reason.invites_retry() {
+                assert_eq!(r.headers()[wire::GRPC_RETRY_PUSHBACK_MS], "2000");
+                assert_eq!(r.headers()[wire::RETRY_AFTER], "2");
+            } else {
+                assert!(r.headers().get(wire::GRPC_RETRY_PUSHBACK_MS).is_none());
+                assert!(r.headers().get(wire::RETRY_AFTER).is_none());
+            }
             assert_eq!(r.headers()["content-type"], "application/grpc");
             let h = Refusal::new(reason, t, s).http_response();
             assert_eq!(h.headers()[wire::REASON], reason.as_str());
@@ -327,7 +357,8 @@ mod tests {
         for reason in RefusalReason::ALL {
             for tier in Criticality::ALL {
                 let r = Refusal::new(reason, tier, Duration::from_millis(2_500));
-                assert_eq!(r.retry_after, Duration::from_secs(3));
+                let secs = if reason.invites_retry() { 3 } else { 0 };
+                assert_eq!(r.retry_after, Duration::from_secs(secs));
                 assert_eq!(Refusal::parse_body(&r.body()), Some(r));
             }
         }

@@ -123,9 +123,16 @@ fn attempts_of<B>(req: &Request<B>) -> u32 {
 }
 
 /// Whether a response says "overloaded, come back later", and the wait it asks for.
-/// `None`: not retryable. `Some(None)`: retryable, no wait given.
+/// `None`: not retryable (a request refused because its deadline passed, `triage-reason:
+/// expired`, cannot succeed on a retry). `Some(None)`: retryable, no wait given.
 pub fn overload_wait<B>(response: &Response<B>) -> Option<Option<Duration>> {
     let headers = response.headers();
+    if headers
+        .get(crate::names::REASON)
+        .is_some_and(|r| r.as_bytes() == crate::RefusalReason::Expired.as_str().as_bytes())
+    {
+        return None;
+    }
     let retry_after = headers
         .get(wire::RETRY_AFTER)
         .and_then(|v| wire::parse_retry_after(v.as_bytes()));

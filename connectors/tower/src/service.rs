@@ -177,6 +177,7 @@ where
         let shared = &self.shared;
         let (mut head, body) = request.into_parts();
         if shared.is_never_shed(&head) {
+            shared.strip_untrusted(&mut head);
             return ResponseFuture {
                 kind: Kind::Direct {
                     fut: self.inner.call(Request::from_parts(head, body)),
@@ -196,7 +197,7 @@ where
             return ResponseFuture::refused(shared.refuse(&d, RefusalReason::Expired, None));
         }
         if let Some(permit) = shared.admission.try_now(d.tier) {
-            head.extensions.insert(d.tier);
+            shared.stamp(&d, &mut head);
             let slot = Slot::new(permit, &d, shared);
             return ResponseFuture {
                 kind: Kind::Served {
@@ -221,7 +222,7 @@ where
                 fut: Box::pin(async move {
                     match wait.await {
                         Ok(permit) => {
-                            head.extensions.insert(d.tier);
+                            shared.stamp(&d, &mut head);
                             let slot = Slot::new(permit, &d, &shared);
                             let out = inner.call(Request::from_parts(head, body)).await;
                             slot.finish(out.as_ref().ok());

@@ -514,3 +514,143 @@ mod circuit {
         assert_eq!(e.layer.admission().limit().in_flight(), 0);
     }
 }
+
+/// Issue 32: an already-expired request got `Retry-After`, inviting a retry that cannot
+/// succeed. It gets none (HTTP), no pushback (gRPC `DEADLINE_EXCEEDED`), a body saying 0 s,
+/// and the crate's retry policy does not retry it.
+#[tokio::test]
+async fn an_expired_request_gets_no_retry_after() {
+    use triage_tower::{overload_wait, Refusal, RefusalReason};
+
+    let layer = TriageLayer::builder(TriageConfig::default(), limit(4))
+        .build()
+        .unwrap();
+    let service = layer.layer(service_fn(ok));
+    let res = service
+        .clone()
+        .oneshot(
+            get("/")
+                .header(wire::DEADLINE_MS, "1000")
+                .body(String::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()[wire::REASON], "expired");
+    assert!(res.headers().get(wire::RETRY_AFTER).is_none());
+    assert_eq!(overload_wait(&res), None, "not retryable");
+    let body = http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let refusal = Refusal::parse_body(&body).unwrap();
+    assert_eq!(refusal.reason, RefusalReason::Expired);
+    assert_eq!(refusal.retry_after, Duration::ZERO);
+
+    let res = service
+        .oneshot(
+            Request::post("/svc/M")
+                .header("content-type", "application/grpc")
+                .header(wire::GRPC_TIMEOUT, "0m")
+                .body(String::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(res.headers()[wire::GRPC_STATUS], "4");
+    assert!(res.headers().get(wire::RETRY_AFTER).is_none());
+    assert!(res.headers().get(wire::GRPC_RETRY_PUSHBACK_MS).is_none());
+    // Capacity refusals keep theirs.
+    let r = Refusal::new(RefusalReason::Capacity, Criticality::High, Duration::ZERO);
+    assert_eq!(r.http_response().headers()[wire::RETRY_AFTER], "1");
+}
+
+/// Also seen in issue 30: a route prefix `/checkout` also classified `/checkout-report`. A
+/// prefix matches whole path segments: itself, and what lies below it.
+#[test]
+fn a_route_prefix_matches_whole_segments() {
+    let c = Classifier::new()
+        .route("/checkout", Criticality::Critical)
+        .route("/api/", Criticality::High)
+        .route("/", Criticality::Sheddable);
+    let tier = |path: &str| c.tier(&get(path).body(()).unwrap().into_parts().0);
+    assert_eq!(tier("/checkout"), Some(Criticality::Critical));
+    assert_eq!(tier("/checkout/"), Some(Criticality::Critical));
+    assert_eq!(tier("/checkout/pay?x=1"), Some(Criticality::Critical));
+    assert_eq!(tier("/checkout-report"), Some(Criticality::Sheddable));
+    assert_eq!(tier("/checkouts"), Some(Criticality::Sheddable));
+    assert_eq!(tier("/api/v1"), Some(Criticality::High));
+    assert_eq!(
+        tier("/api"),
+        Some(Criticality::Sheddable),
+        "'/api/' is below '/api'"
+    );
+    assert_eq!(tier("/anything"), Some(Criticality::Sheddable));
+}
+
+/// Also seen in issue 30: an untrusted client's `triage-criticality` header reached the inner
+/// service unchanged, so a handler that read it (to propagate it, or to brown out) would
+/// escalate the request. The inner service sees the classification the entry trusts (the
+/// tier before retry demotion, as the wire contract defines the header), on never-shed paths
+/// the header of an untrusted client is removed, and a trusted one's is kept.
+#[tokio::test]
+async fn the_inner_service_sees_the_criticality_the_entry_trusts() {
+    use std::sync::Arc;
+
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let classifier = Classifier::new()
+        .trust_header_when(|head| head.headers.contains_key("x-internal"))
+        .route("/feed", Criticality::Sheddable);
+    let layer = TriageLayer::builder(TriageConfig::default(), limit(4))
+        .classifier(classifier)
+        .build()
+        .unwrap();
+    let service = layer.layer(service_fn({
+        let seen = Arc::clone(&seen);
+        move |req: Request<String>| {
+            seen.lock().push(
+                req.headers()
+                    .get(wire::CRITICALITY)
+                    .map(|v| v.to_str().unwrap().to_owned()),
+            );
+            ok(req)
+        }
+    }));
+    let send =
+        |req: http::request::Builder| service.clone().oneshot(req.body(String::new()).unwrap());
+    send(get("/feed").header(wire::CRITICALITY, "critical"))
+        .await
+        .unwrap();
+    send(get("/other").header(wire::CRITICALITY, "critical"))
+        .await
+        .unwrap();
+    send(
+        get("/feed")
+            .header(wire::CRITICALITY, "high")
+            .header("x-internal", "1")
+            .header(wire::ATTEMPT, "1"),
+    )
+    .await
+    .unwrap();
+    send(get("/healthz").header(wire::CRITICALITY, "critical"))
+        .await
+        .unwrap();
+    send(
+        get("/healthz")
+            .header(wire::CRITICALITY, "critical")
+            .header("x-internal", "1"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        *seen.lock(),
+        [
+            Some("sheddable".to_owned()),
+            Some("medium".to_owned()),
+            Some("high".to_owned()),
+            None,
+            Some("critical".to_owned()),
+        ]
+    );
+}

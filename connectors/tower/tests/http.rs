@@ -154,10 +154,16 @@ where
 }
 
 /// The refusal in `body`, checked against the status and `Retry-After`, which must lie in
-/// `least..=least + JITTER_S`.
+/// `least..=least + JITTER_S` (and be absent for an expired request: retrying is useless).
 fn refusal(status: StatusCode, headers: &http::HeaderMap, body: &[u8], least: u64) -> Refusal {
     let r = Refusal::parse_body(body).unwrap_or_else(|| panic!("not a refusal body: {body:?}"));
     assert_eq!(status, r.reason.status());
+    assert_eq!(headers[wire::REASON], r.reason.as_str());
+    if r.reason == RefusalReason::Expired {
+        assert!(headers.get(wire::RETRY_AFTER).is_none());
+        assert_eq!(r.retry_after, Duration::ZERO);
+        return r;
+    }
     let secs = wire::parse_retry_after(headers[wire::RETRY_AFTER].as_bytes())
         .unwrap()
         .as_secs();
