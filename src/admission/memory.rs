@@ -1,8 +1,7 @@
 //! The memory budget: the payload bytes the process holds, against a budget, per tier.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use crate::admission::MemoryConfig;
+use crate::loom::{AtomicU64, Ordering};
 use crate::{Criticality, PerTier};
 
 /// The payload bytes held by the process, and the per-tier limits they are admitted against.
