@@ -25,20 +25,34 @@ fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
-/// `promtool check metrics` on a scrape: its exit code and what it printed. Panics when
-/// promtool is missing: the suite installs it (`tests/tools.sh`, called by `tests/run.sh`).
-fn promtool_check_metrics(scrape: &str) -> (i32, String) {
-    let mut child = Command::new("promtool")
+/// `promtool check metrics` on a scrape: its exit code and what it printed, or `None` when
+/// promtool is missing, after a line on the terminal naming `tests/tools.sh` (which installs
+/// it). Under `TRIAGE_REQUIRE_TOOLS` (set by `tests/run.sh`, which installs it) a missing
+/// promtool panics instead.
+fn promtool_check_metrics(scrape: &str) -> Option<(i32, String)> {
+    let spawned = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) if std::env::var_os("TRIAGE_REQUIRE_TOOLS").is_some() => {
             panic!(
                 "cannot run promtool ({e}): install it with tests/tools.sh (Debian's prometheus)"
             )
-        });
+        }
+        Err(e) => {
+            // Straight to the terminal: the harness captures only print macros.
+            let _ = writeln!(
+                std::io::stderr(),
+                "skipped `promtool check metrics`: cannot run promtool ({e}); tests/tools.sh \
+                 installs it (Debian's prometheus), and tests/run.sh runs this check for real"
+            );
+            return None;
+        }
+    };
     child
         .stdin
         .take()
@@ -51,7 +65,7 @@ fn promtool_check_metrics(scrape: &str) -> (i32, String) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    (out.status.code().unwrap_or(-1), text)
+    Some((out.status.code().unwrap_or(-1), text))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,8 +126,9 @@ async fn metrics_and_liveness_are_served() {
 
     // What Prometheus itself accepts: every family has HELP and TYPE, names and units follow
     // its conventions, and the latencies are histograms (buckets, aggregatable across workers).
-    let (code, lint) = promtool_check_metrics(&body);
-    assert_eq!(code, 0, "promtool check metrics:\n{lint}\nscrape:\n{body}");
+    if let Some((code, lint)) = promtool_check_metrics(&body) {
+        assert_eq!(code, 0, "promtool check metrics:\n{lint}\nscrape:\n{body}");
+    }
     for name in [
         "triage_sojourn_seconds",
         "triage_handler_latency_seconds",
