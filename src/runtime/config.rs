@@ -29,12 +29,14 @@ pub enum RefusalPolicy {
     /// Re-publish it to the durable defer sink and acknowledge it once the broker confirmed
     /// the copy. A refused message (for any reason but shutdown) is shed instead when its
     /// deadline is closer than the soonest a drain can be expected to bring its copy back:
-    /// the longer of, while pull admission sheds, `admission.recover_ms` plus the time
+    /// the longest of, while pull admission sheds, `admission.recover_ms` plus the time
     /// shedding has lasted (an overload that has lasted `T` is taken to last about `T` more,
-    /// the Lindy estimate), and, while there is a backlog (even with nothing shed), the time
-    /// it (the sources' lag and what is queued and held) takes to clear at the estimated
-    /// capacity. No drain is pulled while anything is shed or while workers have no room, so
-    /// its copy would expire before it could come back (`triage_too_late_to_defer_total`).
+    /// the Lindy estimate); while the operator's `forced_shed_level` is up, the time it has
+    /// been up (taken to stay up as long again); and, while there is a backlog (even with
+    /// nothing shed), the time it (the sources' lag and what is queued and held) takes to
+    /// clear at the estimated capacity. No drain is pulled while anything is shed or while
+    /// workers have no room, so its copy would expire before it could come back
+    /// (`triage_too_late_to_defer_total`).
     /// Needs a defer sink: without one the runtime refuses to start (a `defer`
     /// written out is a promise that refused messages are kept, and a silent drop would break
     /// it). While the defer sink fails in transport, behaves as `Backpressure` (for
@@ -291,8 +293,11 @@ pub struct RuntimeConfig {
     /// sheds nothing by force, `1` refuses Sheddable, `2` Sheddable and Medium, `3` everything
     /// but Critical. Critical is never refused by force: to stop everything, stop the
     /// consumer. Applies to pulled and pushed (`try_submit`) work alike, and to drains (which
-    /// pull only while nothing is shed); per-tier sources pause the refused tiers. The signals
-    /// may shed more; the effective level is the higher of the two. Allowed `0..=3`. Default
+    /// pull only while nothing is shed); per-tier sources pause the refused tiers. So a
+    /// deferred copy comes back only once the level is lifted: a refused message of a `defer`
+    /// tier whose deadline is closer than the time the level has been up is shed rather than
+    /// deferred (see [`RefusalPolicy::Defer`]). The signals may shed more; the effective
+    /// level is the higher of the two. Allowed `0..=3`. Default
     /// `0`. Change it live with [`Runtime::reconfigure`](crate::runtime::Runtime::reconfigure).
     pub forced_shed_level: u8,
     /// The operator's brownout switch (seed 002: "sometimes it's better to serve every request

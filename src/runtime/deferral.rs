@@ -57,27 +57,36 @@ impl<T> Deferrals<T> {
 ///   lag plus the messages queued and held, over the estimated capacity (a lower bound:
 ///   arrivals go on meanwhile). A restart's
 ///   backlog of minutes is why a held message of a few seconds' slack is not worth a copy
-///   even with nothing shed.
+///   even with nothing shed;
+/// - while the operator's forced level is up, the drains are closed until the operator lifts
+///   it, which nothing here can forecast either: a level that has been up for `T` is taken
+///   to stay up about `T` more (the same estimate; no `recover_ms`, since lifting it opens
+///   the drains at once).
 ///
-/// So a spike's first refusals are deferred, a sustained overload's or a long backlog's
-/// short-deadline work is not, where its copy would cost a publish and a fetch to end
-/// `Expired`. Such a message is shed at once instead (`triage_too_late_to_defer_total`).
-/// Forced shedding is not counted: the operator may lift it at any moment.
+/// So a spike's first refusals are deferred, a sustained overload's, a long forced level's or
+/// a long backlog's short-deadline work is not, where its copy would cost a publish and a
+/// fetch to end `Expired`. Such a message is shed at once instead
+/// (`triage_too_late_to_defer_total`).
 ///
 /// `slack` is the time left until the message's deadline, `backlog` the time the work ahead
 /// takes to clear (zero: none), `shedding` how long the current shedding episode has lasted
-/// (`None`: nothing is shed), `recover` the time the level takes to come down once arrival fits
+/// (`None`: nothing is shed), `forced` how long the operator's forced level has been up
+/// (`None`: it is 0), `recover` the time the level takes to come down once arrival fits
 /// (`admission.recover_ms`).
 pub(crate) fn expires_before_drain(
     slack: Duration,
     backlog: Duration,
     shedding: Option<Duration>,
+    forced: Option<Duration>,
     recover: Duration,
 ) -> bool {
-    let eta = match shedding {
-        Some(lasted) => backlog.max(recover.saturating_add(lasted)),
-        None => backlog,
-    };
+    let mut eta = backlog;
+    if let Some(lasted) = shedding {
+        eta = eta.max(recover.saturating_add(lasted));
+    }
+    if let Some(lasted) = forced {
+        eta = eta.max(lasted);
+    }
     slack < eta
 }
 
@@ -95,14 +104,27 @@ mod tests {
             ms(1),
             Duration::ZERO,
             None,
+            None,
             ms(5_000)
         ));
     }
 
     #[test]
     fn a_backlog_is_waited_for() {
-        assert!(expires_before_drain(ms(999), ms(1_000), None, ms(5_000)));
-        assert!(!expires_before_drain(ms(1_000), ms(1_000), None, ms(5_000)));
+        assert!(expires_before_drain(
+            ms(999),
+            ms(1_000),
+            None,
+            None,
+            ms(5_000)
+        ));
+        assert!(!expires_before_drain(
+            ms(1_000),
+            ms(1_000),
+            None,
+            None,
+            ms(5_000)
+        ));
     }
 
     #[test]
@@ -112,12 +134,14 @@ mod tests {
             ms(2_999),
             Duration::ZERO,
             Some(ms(2_000)),
+            None,
             ms(1_000)
         ));
         assert!(!expires_before_drain(
             ms(3_000),
             Duration::ZERO,
             Some(ms(2_000)),
+            None,
             ms(1_000)
         ));
         // The longer of the backlog and the episode.
@@ -125,6 +149,43 @@ mod tests {
             ms(3_500),
             ms(4_000),
             Some(ms(2_000)),
+            None,
+            ms(1_000)
+        ));
+    }
+
+    #[test]
+    fn a_forced_level_that_has_been_up_for_t_is_taken_to_stay_up_t_more() {
+        // Up for 1 s: a copy comes back in 1 s at the soonest (lifting it opens the drains at
+        // once, so no recovery time is added).
+        assert!(expires_before_drain(
+            ms(999),
+            Duration::ZERO,
+            None,
+            Some(ms(1_000)),
+            ms(5_000)
+        ));
+        assert!(!expires_before_drain(
+            ms(1_000),
+            Duration::ZERO,
+            None,
+            Some(ms(1_000)),
+            ms(5_000)
+        ));
+        // Just raised: nothing to estimate from yet, the first refusals are deferred.
+        assert!(!expires_before_drain(
+            ms(1),
+            Duration::ZERO,
+            None,
+            Some(Duration::ZERO),
+            ms(5_000)
+        ));
+        // With load shedding too, the longer of the two.
+        assert!(expires_before_drain(
+            ms(2_500),
+            Duration::ZERO,
+            Some(ms(2_000)),
+            Some(ms(1_000)),
             ms(1_000)
         ));
     }

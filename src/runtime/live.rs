@@ -16,6 +16,10 @@ pub(crate) struct Live {
     refused: AtomicU64,
     /// `RuntimeConfig::forced_shed_level`.
     forced_level: AtomicU8,
+    /// When the forced level last rose from 0 (ns since the runtime's origin; `u64::MAX`
+    /// while it is 0): how long the operator has kept tiers refused, which is how long the
+    /// drains have been closed by it.
+    forced_since_ns: AtomicU64,
     /// `RuntimeConfig::brownout_level`.
     brownout: AtomicU8,
     /// One reconfiguration at a time.
@@ -28,6 +32,12 @@ impl Live {
             generation: AtomicU64::new(1),
             refused: AtomicU64::new(0),
             forced_level: AtomicU8::new(config.forced_shed_level),
+            // A level in the starting configuration has been up since the start (the origin).
+            forced_since_ns: AtomicU64::new(if config.forced_shed_level > 0 {
+                0
+            } else {
+                u64::MAX
+            }),
             brownout: AtomicU8::new(config.brownout_level),
             serial: parking_lot::Mutex::new(()),
         }
@@ -52,10 +62,26 @@ impl Live {
         self.brownout.load(Ordering::Relaxed)
     }
 
-    /// Takes the levels of `config` (a reconfiguration's phase 2).
-    pub(crate) fn set_levels(&self, config: &RuntimeConfig) {
-        self.forced_level
-            .store(config.forced_shed_level, Ordering::Relaxed);
+    /// How long the forced level has been above 0 at `now_ns` (ns since the runtime's
+    /// origin); `None` while it is 0.
+    pub(crate) fn forced_for(&self, now_ns: u64) -> Option<std::time::Duration> {
+        let since = self.forced_since_ns.load(Ordering::Relaxed);
+        (since != u64::MAX && self.forced_level() > 0)
+            .then(|| std::time::Duration::from_nanos(now_ns.saturating_sub(since)))
+    }
+
+    /// Takes the levels of `config` (a reconfiguration's phase 2) at `now_ns` (ns since the
+    /// runtime's origin). A forced level rising from 0 starts its episode; one that stays above
+    /// 0, whatever its value, continues it (the drains stay closed throughout).
+    pub(crate) fn set_levels(&self, config: &RuntimeConfig, now_ns: u64) {
+        let was = self
+            .forced_level
+            .swap(config.forced_shed_level, Ordering::Relaxed);
+        if config.forced_shed_level == 0 {
+            self.forced_since_ns.store(u64::MAX, Ordering::Relaxed);
+        } else if was == 0 {
+            self.forced_since_ns.store(now_ns, Ordering::Relaxed);
+        }
         self.brownout
             .store(config.brownout_level, Ordering::Relaxed);
     }

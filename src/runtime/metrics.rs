@@ -19,7 +19,7 @@
 //! | `triage_admission_decisions_total` | counter | tier, decision | each consumed message's first admission decision: `admitted`, `shed-capacity`, `shed-rate`, `shed-circuit`, `shed-expired`, `shed-memory`; they add up to the messages consumed |
 //! | `triage_shed_total` | counter | tier, reason | messages ending `Shed` (acknowledged, dropped by policy) |
 //! | `triage_deferred_total` | counter | tier | messages ending `Deferred` (broker confirmed) |
-//! | `triage_too_late_to_defer_total` | counter | tier | of the shed, refused messages of a Defer tier shed rather than deferred: their deadline is closer than the soonest a drain is expected to bring a copy back: `admission.recover_ms` plus the time shedding has lasted (an overload that has lasted `T` taken to last `T` more), or the backlog (lag, queued and held) over the estimated capacity |
+//! | `triage_too_late_to_defer_total` | counter | tier | of the shed, refused messages of a Defer tier shed rather than deferred: their deadline is closer than the soonest a drain is expected to bring a copy back: `admission.recover_ms` plus the time shedding has lasted (an overload that has lasted `T` taken to last `T` more), the time the operator's forced level has been up, or the backlog (lag, queued and held) over the estimated capacity |
 //! | `triage_defer_failures_total` | counter | | defer publishes that failed in transport (message fell back to backpressure, sink marked unhealthy) |
 //! | `triage_defer_rejected_total` | counter | | deferrals the sink refused for good (message sent to the dead-letter path) |
 //! | `triage_dead_letter_retries_total` | counter | | dead-letter publishes that failed in transport and were retried |
@@ -185,7 +185,7 @@ pub(crate) const DEAD_LETTERS_HELD: Def = gauge_def(
 );
 pub(crate) const TOO_LATE_TO_DEFER: Def = counter_def(
     "triage_too_late_to_defer_total",
-    "Of the shed messages, those of a Defer tier shed rather than deferred: deadline closer than the soonest a drain is expected to bring a copy back (recover_ms plus the time shedding has lasted, or the backlog over the capacity), by tier.",
+    "Of the shed messages, those of a Defer tier shed rather than deferred: deadline closer than the soonest a drain is expected to bring a copy back (recover_ms plus the time shedding has lasted, the time the forced level has been up, or the backlog over the capacity), by tier.",
 );
 pub(crate) const EXPIRED: Def = counter_def(
     "triage_expired_total",

@@ -175,8 +175,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
         let backlog = Duration::from_nanos(self.signals.backlog_clear_ns.load(Ordering::Relaxed));
         let since = self.signals.shedding_since_ns.load(Ordering::Relaxed);
         let recent = crate::queue::time::recent(&self.clock);
+        let now_ns = recent.saturating_duration_since(self.origin).as_nanos() as u64;
         let shedding = (self.signals.shed_level() > 0).then(|| {
-            let now_ns = recent.saturating_duration_since(self.origin).as_nanos() as u64;
             Duration::from_nanos(if since == u64::MAX {
                 0
             } else {
@@ -184,10 +184,12 @@ impl<T: Send + Sync + 'static> Inner<T> {
             })
         });
         let recover = Duration::from_millis(self.config().admission.recover_ms);
+        let forced = self.live.forced_for(now_ns);
         super::deferral::expires_before_drain(
             deadline.saturating_duration_since(recent),
             backlog,
             shedding,
+            forced,
             recover,
         )
     }

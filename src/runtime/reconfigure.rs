@@ -213,7 +213,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         if let Some(limiter) = limiter {
             self.limit.set_algorithm(limiter);
         }
-        self.live.set_levels(&config);
+        self.live.set_levels(&config, self.recent_ns());
         let forced = config.forced_shed_level;
         let brownout = config.brownout_level;
         self.config.store(Arc::new(config));
