@@ -21,7 +21,7 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 use triage::Criticality;
 
 #[derive(Debug, Parser)]
-#[command(about = "publish a mixed-priority load to a RabbitMQ queue")]
+#[command(version, about = "publish a mixed-priority load to a RabbitMQ queue")]
 struct Args {
     /// Broker URI.
     #[arg(long, default_value = "amqp://127.0.0.1:5672/%2f")]
@@ -67,9 +67,33 @@ fn priority(tier: Criticality) -> u8 {
     }
 }
 
+/// The flags; `--help` and `--version` print and exit, and a wrong flag is one line that
+/// points at `--help` (not the whole help, which would scroll the error away).
+fn parse_args<A: Parser>() -> A {
+    A::try_parse().unwrap_or_else(|e| {
+        use clap::error::ErrorKind;
+        match e.kind() {
+            ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+            _ => {
+                let text = e.to_string();
+                let first = text.lines().next().unwrap_or_default();
+                eprintln!("{}; see --help", first.trim_end_matches('.'));
+                std::process::exit(2);
+            }
+        }
+    })
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+    let args: Args = parse_args();
+    // The runtime and the connectors log through `tracing`: warnings and reloads on stderr.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+        .init();
     let mix = parse_mix(&args.mix)?;
     let total: u32 = mix.iter().map(|(_, w)| w).sum();
     if total == 0 {
@@ -93,6 +117,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let body = vec![b'x'; args.size];
     let start = Instant::now();
     let end = start + Duration::from_secs(args.duration_s);
+    // A progress line a second while producing.
+    let mut shown = start;
     let limit = args.count.unwrap_or(u64::MAX);
     let period = (args.rate > 0).then(|| Duration::from_secs_f64(1.0 / args.rate as f64));
     let mut confirmed = [0u64; 4];
@@ -132,6 +158,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .await?;
         pending.push((tier, confirm));
         sent += 1;
+        if shown.elapsed() >= Duration::from_secs(1) {
+            shown = Instant::now();
+            println!(
+                "[{:>4.0}s] sent {sent}, confirmed {}",
+                start.elapsed().as_secs_f64(),
+                confirmed.iter().sum::<u64>()
+            );
+        }
         if pending.len() >= 1_000 {
             settle(&mut pending, &mut confirmed, &mut nacked).await;
         }

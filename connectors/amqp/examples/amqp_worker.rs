@@ -39,7 +39,7 @@ Live line, once a second: [elapsed] consumed, goodput, queued, running, held, re
   deferred   messages per second published to <queue>.deferred (drained back when load falls)";
 
 #[derive(Debug, Parser)]
-#[command(about = "a triage worker on a RabbitMQ queue", after_help = LIVE_HELP)]
+#[command(version, about = "a triage worker on a RabbitMQ queue", after_help = LIVE_HELP)]
 struct Args {
     /// Broker URI.
     #[arg(long, default_value = "amqp://127.0.0.1:5672/%2f")]
@@ -134,9 +134,33 @@ impl Live {
     }
 }
 
+/// The flags; `--help` and `--version` print and exit, and a wrong flag is one line that
+/// points at `--help` (not the whole help, which would scroll the error away).
+fn parse_args<A: Parser>() -> A {
+    A::try_parse().unwrap_or_else(|e| {
+        use clap::error::ErrorKind;
+        match e.kind() {
+            ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+            _ => {
+                let text = e.to_string();
+                let first = text.lines().next().unwrap_or_default();
+                eprintln!("{}; see --help", first.trim_end_matches('.'));
+                std::process::exit(2);
+            }
+        }
+    })
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+    let args: Args = parse_args();
+    // The runtime and the connectors log through `tracing`: warnings and reloads on stderr.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+        .init();
     // Installed before the runtime and the sources register their metrics.
     let _metrics = match args.metrics {
         Some(addr) => {
@@ -224,6 +248,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             },
         }
     }
+    println!(
+        "shutting down: serving what is queued, for {} s at most",
+        args.grace_s
+    );
     let report = runtime.shutdown(Duration::from_secs(args.grace_s)).await;
     let stats = &report.stats;
     let total = stats.ledger.total();

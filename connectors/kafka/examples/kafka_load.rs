@@ -21,7 +21,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use triage::Criticality;
 
 #[derive(Debug, Parser)]
-#[command(about = "produce a mixed-priority load to a Kafka topic")]
+#[command(version, about = "produce a mixed-priority load to a Kafka topic")]
 struct Args {
     /// Bootstrap servers.
     #[arg(long, default_value = "127.0.0.1:9092")]
@@ -55,9 +55,33 @@ fn parse_mix(mix: &str) -> Result<Vec<(Criticality, u32)>, Box<dyn Error>> {
         .collect()
 }
 
+/// The flags; `--help` and `--version` print and exit, and a wrong flag is one line that
+/// points at `--help` (not the whole help, which would scroll the error away).
+fn parse_args<A: Parser>() -> A {
+    A::try_parse().unwrap_or_else(|e| {
+        use clap::error::ErrorKind;
+        match e.kind() {
+            ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+            _ => {
+                let text = e.to_string();
+                let first = text.lines().next().unwrap_or_default();
+                eprintln!("{}; see --help", first.trim_end_matches('.'));
+                std::process::exit(2);
+            }
+        }
+    })
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
-    let args = Args::parse();
+    let args: Args = parse_args();
+    // The runtime and the connectors log through `tracing`: warnings and reloads on stderr.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+        .init();
     let mix = parse_mix(&args.mix)?;
     let total: u32 = mix.iter().map(|(_, w)| w).sum();
     if total == 0 {
@@ -70,6 +94,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let period = (args.rate > 0).then(|| Duration::from_secs_f64(1.0 / args.rate as f64));
     let start = Instant::now();
     let end = start + Duration::from_secs(args.duration_s);
+    // A progress line a second while producing.
+    let mut shown = start;
     let limit = args.count.unwrap_or(u64::MAX);
     let mut sent = 0u64;
     let mut acked = [0u64; 4];
@@ -108,6 +134,14 @@ async fn main() -> Result<(), Box<dyn Error>> {
             }
         }
         sent += 1;
+        if shown.elapsed() >= Duration::from_secs(1) {
+            shown = Instant::now();
+            println!(
+                "[{:>4.0}s] sent {sent}, acknowledged {}",
+                start.elapsed().as_secs_f64(),
+                acked.iter().sum::<u64>()
+            );
+        }
         if pending.len() >= 1000 {
             for (tier, d) in pending.drain(..) {
                 match d.await {

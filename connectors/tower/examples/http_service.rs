@@ -5,12 +5,19 @@
 //! ```sh
 //! cargo run --release -p triage-tower --example http_service -- --service-ms 10 --capacity 8
 //! curl -i -H 'triage-criticality: critical' http://127.0.0.1:8080/work
-//! curl -i http://127.0.0.1:8080/healthz
+//! curl -i http://127.0.0.1:8080/healthz        # and /readyz, /metrics: never shed
+//! for i in $(seq 20); do curl -s -o /dev/null -w '%{http_code} ' \
+//!     http://127.0.0.1:8080/recommendations; done  # 200s, then mostly 429s: the rate gate
 //! ```
 //!
 //! Classification: the `triage-criticality` header is honoured from loopback peers only (the
 //! trust predicate: an internal caller), else `/checkout` is Critical, `/search` High,
 //! `/recommendations` Sheddable, and anything else Medium (counted as unclassified).
+//!
+//! Never shed: `/healthz` and `/readyz` (the probes) and `/metrics` (Prometheus' text format,
+//! the layer's and the background runtime's metrics). A rate gate (the core's token buckets)
+//! lets `--sheddable-rate` Sheddable requests a second through (burst: one second's worth)
+//! and answers the rest `429` with a `Retry-After`.
 //!
 //! Every second it prints one line: per tier `served/refused` in that second, slots in use,
 //! requests waiting, background messages completed. At exit (`--duration-s` or Ctrl-C) it
@@ -29,14 +36,15 @@ use axum::routing::get;
 use axum::Router;
 use clap::Parser;
 use parking_lot::Mutex;
-use triage::admission::QueueAgeConfig;
+use triage::admission::{BorrowChain, BucketConfig, BucketsConfig, QueueAgeConfig};
 use triage::queue::WfqConfig;
 use triage::runtime::{HandlerError, Job, MemoryBroker, Runtime, RuntimeConfig};
 use triage::{wire, Criticality, PerTier};
-use triage_tower::{Classifier, RefusalReason, TriageConfig, TriageLayer};
+use triage_tower::{Classifier, RateGate, RefusalReason, TriageConfig, TriageLayer};
 
 #[derive(Parser, Debug)]
 #[command(
+    version,
     about = "An axum service admitting through triage, sharing capacity with a background runtime"
 )]
 struct Args {
@@ -62,9 +70,36 @@ struct Args {
     /// Disable queue-age admission (requests then wait until their deadline or eviction).
     #[arg(long)]
     no_queue_age: bool,
+    /// Sheddable requests admitted per second by the rate gate (burst: one second's worth);
+    /// beyond it they are answered 429 with a Retry-After. 0: no rate gate.
+    #[arg(long, default_value_t = 2.0)]
+    sheddable_rate: f64,
+    /// Also serve `/metrics` and `/healthz` on this address, a listener of their own outside
+    /// the service (the service's own `/metrics` route is never shed either).
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
     /// No live line.
     #[arg(long)]
     quiet: bool,
+}
+
+/// The flags; `--help` and `--version` print and exit, and a wrong flag is one line that
+/// points at `--help` (not the whole help, which would scroll the error away).
+fn parse_args<A: Parser>() -> A {
+    A::try_parse().unwrap_or_else(|e| {
+        use clap::error::ErrorKind;
+        match e.kind() {
+            ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+            _ => {
+                let text = e.to_string();
+                let first = text.lines().next().unwrap_or_default();
+                eprintln!("{}; see --help", first.trim_end_matches('.'));
+                std::process::exit(2);
+            }
+        }
+    })
 }
 
 /// Time from entry to answer, microseconds, per tier (as labelled by the caller) and outcome:
@@ -86,8 +121,26 @@ fn percentile(v: &mut [u32], p: f64) -> f64 {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+    let args: Args = parse_args();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+        .init();
     let service = Duration::from_millis(args.service_ms);
+    // The Prometheus recorder, installed before the runtime and the layer register their
+    // metrics; its listener is `--metrics` or a port of the system's choosing, and the
+    // service's own `/metrics` route renders the same registry.
+    let metrics = triage::observe::serve(
+        args.metrics
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
+    )?;
+    if args.metrics.is_some() {
+        println!(
+            "metrics: http://{}/metrics (liveness: /healthz)",
+            metrics.local_addr()
+        );
+    }
+    let metrics = Arc::new(metrics);
 
     // The background runtime: its workers and the HTTP requests take slots from one limit.
     let rt_config = RuntimeConfig {
@@ -126,9 +179,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/checkout", Criticality::Critical)
         .route("/search", Criticality::High)
         .route("/recommendations", Criticality::Sheddable);
-    let layer = TriageLayer::builder(config, runtime.concurrency_limit())
-        .classifier(classifier)
-        .build()?;
+    let mut layer =
+        TriageLayer::builder(config, runtime.concurrency_limit()).classifier(classifier);
+    if args.sheddable_rate > 0.0 {
+        // The core's token buckets as a gate, before the queue: Sheddable alone is
+        // rate-limited, and borrows from nobody.
+        let buckets = BucketsConfig {
+            sheddable: Some(BucketConfig::per_second(args.sheddable_rate)),
+            borrow: BorrowChain::none(),
+            ..BucketsConfig::default()
+        };
+        layer = layer.gate(RateGate::new(&buckets)?);
+    }
+    let layer = layer.build()?;
 
     let timings = Arc::new(Mutex::new(Timings::default()));
     let handler = move |req: Request| async move {
@@ -147,6 +210,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/search", get(handler))
         .route("/recommendations", get(handler))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(|| async { "ready\n" }))
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = Arc::clone(&metrics);
+                async move {
+                    (
+                        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                        metrics.render(),
+                    )
+                }
+            }),
+        )
         .layer(layer.clone())
         .layer(middleware::from_fn({
             let timings = Arc::clone(&timings);

@@ -35,7 +35,10 @@ enum Retry {
 }
 
 #[derive(Parser, Debug)]
-#[command(about = "Open-loop HTTP load with a retry mode, for the retry-reappearance ratio")]
+#[command(
+    version,
+    about = "Open-loop HTTP load with a retry mode, for the retry-reappearance ratio"
+)]
 struct Args {
     /// Target URL (loopback only).
     #[arg(long, default_value = "http://127.0.0.1:8080/work")]
@@ -72,9 +75,28 @@ struct Counts {
     attempts: AtomicU64,
 }
 
+/// The flags; `--help` and `--version` print and exit, and a wrong flag is one line that
+/// points at `--help` (not the whole help, which would scroll the error away).
+fn parse_args<A: Parser>() -> A {
+    A::try_parse().unwrap_or_else(|e| {
+        use clap::error::ErrorKind;
+        match e.kind() {
+            ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+            _ => {
+                let text = e.to_string();
+                let first = text.lines().next().unwrap_or_default();
+                eprintln!("{}; see --help", first.trim_end_matches('.'));
+                std::process::exit(2);
+            }
+        }
+    })
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+    let args: Args = parse_args();
     let uri: http::Uri = args.url.parse()?;
     let host = uri.host().unwrap_or_default();
     if !(host == "127.0.0.1" || host == "localhost" || host == "[::1]") {

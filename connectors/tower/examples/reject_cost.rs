@@ -27,6 +27,7 @@ use triage::{wire, Criticality};
 use triage_tower::{Classifier, GateRefusal, TriageConfig, TriageLayer};
 
 #[derive(Parser, Debug)]
+#[command(version)]
 struct Args {
     /// Calls per case.
     #[arg(long, default_value_t = 500_000)]
@@ -73,9 +74,28 @@ fn per_call(iterations: u32, mut f: impl FnMut(u32)) -> f64 {
     spent / f64::from(iterations)
 }
 
+/// The flags; `--help` and `--version` print and exit, and a wrong flag is one line that
+/// points at `--help` (not the whole help, which would scroll the error away).
+fn parse_args<A: Parser>() -> A {
+    A::try_parse().unwrap_or_else(|e| {
+        use clap::error::ErrorKind;
+        match e.kind() {
+            ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+            _ => {
+                let text = e.to_string();
+                let first = text.lines().next().unwrap_or_default();
+                eprintln!("{}; see --help", first.trim_end_matches('.'));
+                std::process::exit(2);
+            }
+        }
+    })
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+    let args: Args = parse_args();
     let n = args.iterations;
     let limit = ConcurrencyLimit::new(Fixed::new(1)?.into(), TierShares::default());
     let mut config = TriageConfig::default();

@@ -4,7 +4,7 @@
 //! cargo run --release --example overload
 //! cargo run --release --example overload -- --factor 10 --duration-s 10 --workers 8
 //! cargo run --release --features prometheus --example overload -- --metrics 127.0.0.1:9898
-//! cargo run --release --features reload --example overload -- --config runtime.toml --duration-s 60
+//! cargo run --release --features reload --example overload -- --config examples/overload/triage.toml --duration-s 60
 //! cargo run --release --example overload -- --failing-downstream
 //! ```
 //!
@@ -69,12 +69,12 @@ triage under overload, next to a plain FIFO
 Usage: cargo run --release --example overload -- [OPTIONS]
 
 Options:
-      --factor <X>         Offered load as a multiple of the measured capacity, above 0, at most
-                           100 [default: 3]
+      --factor <X>         Offered load as a multiple of the measured capacity, 0.01..=100
+                           [default: 3]
       --mix <MIX>          Tier mix, percent of offered messages, `tier=percent` comma-separated
                            (adding up to 100; a tier left out gets 0)
                            [default: critical=10,high=20,medium=30,sheddable=40]
-      --duration-s <S>     Overload phase, seconds, at most 3600 [default: 8]
+      --duration-s <S>     Overload phase, seconds, 0.5..=3600 [default: 8]
       --recovery-s <S>     Recovery phase at 0.5x, seconds, 0.5..=3600 [default: 4]
       --workers <N>        Worker tasks (the fixed concurrency limit), 1..=1024 [default: 8]
       --service-ms <MS>    Handler service time, milliseconds, 0.1..=10000, or 0: a true
@@ -104,6 +104,7 @@ Options:
                            `--service-ms` (below 1: the only overload is what the failing calls
                            cost) [default: 0.8]
   -h, --help               Print help
+  -V, --version            Print version
 ";
 
 impl Args {
@@ -155,6 +156,10 @@ impl Args {
                     println!("{USAGE}\n{}", sim::LIVE_HELP);
                     std::process::exit(0);
                 }
+                Short('V') | Long("version") => {
+                    println!("overload (triage-overload {})", env!("CARGO_PKG_VERSION"));
+                    std::process::exit(0);
+                }
                 _ => return Err(arg.unexpected().to_string()),
             }
         }
@@ -179,16 +184,11 @@ impl Args {
                 Err(format!("--{flag} {v}: allowed {lo}..={hi}"))
             }
         }
-        fn positive(flag: &str, v: f64, hi: f64) -> Result<(), String> {
-            if v > 0.0 && v <= hi {
-                Ok(())
-            } else {
-                Err(format!("--{flag} {v}: allowed above 0, at most {hi}"))
-            }
-        }
-        positive("factor", self.factor, MAX_FACTOR)?;
-        positive("duration-s", self.duration_s, MAX_SECONDS)?;
-        range("recovery-s", self.recovery_s, 0.5, MAX_SECONDS)?;
+        // Below these the run measures nothing: a phase too short for a message, or a load
+        // too light for one.
+        range("factor", self.factor, MIN_FACTOR, MAX_FACTOR)?;
+        range("duration-s", self.duration_s, MIN_SECONDS, MAX_SECONDS)?;
+        range("recovery-s", self.recovery_s, MIN_SECONDS, MAX_SECONDS)?;
         range("workers", self.workers, 1, MAX_WORKERS)?;
         // Below 0.1 ms tokio's timer rounds a sleep up to about 1 ms, and the capacity probe
         // would offer `workers / service` messages a second: 0 is the no-op handler instead.
@@ -201,13 +201,20 @@ impl Args {
         range("keys", self.keys, 1, 10_000_000)?;
         range("failing-share", self.failing_share, 0.0, 1.0)?;
         range("failing-ms", self.failing_ms, 0.0, MAX_SERVICE_MS)?;
-        positive("failing-factor", self.failing_factor, MAX_FACTOR)?;
+        range(
+            "failing-factor",
+            self.failing_factor,
+            MIN_FACTOR,
+            MAX_FACTOR,
+        )?;
         Ok(())
     }
 }
 
 /// Bounds of this run's flags (see `Args::check`).
+const MIN_FACTOR: f64 = 0.01;
 const MAX_FACTOR: f64 = 100.0;
+const MIN_SECONDS: f64 = 0.5;
 const MAX_SECONDS: f64 = 3600.0;
 const MAX_WORKERS: usize = 1024;
 const MAX_SERVICE_MS: f64 = 10_000.0;
@@ -276,10 +283,17 @@ async fn main() -> ExitCode {
     let args = match Args::parse() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("error: {e}\n\n{USAGE}");
+            eprintln!("error: {e}; see --help");
             return ExitCode::from(2);
         }
     };
+    // The runtime logs through `tracing`: a configuration reloaded (applied, with what
+    // changed, or refused, with why) is one line on stderr.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+        .with_target(false)
+        .init();
     // The runtime's own ranges (workers, queue capacity), checked before the capacity probe
     // starts that many workers, so a bad value is an error naming the field, not a panic.
     if let (Some(workers), Some(capacity)) = (
@@ -397,7 +411,18 @@ async fn main() -> ExitCode {
         "deadlines, ms after publish: {}",
         per_tier(&params.windows.map(|_, d| d.as_millis()))
     );
+    if !args.quiet {
+        println!("measuring the workers' capacity (about a second)...");
+    }
     let out = sim::run(&params).await;
+    let offered: u64 = out.triage.iter().map(|(_, r)| r.offered).sum();
+    if offered == 0 {
+        eprintln!(
+            "error: the overload phase offered no message ({:.1} msg/s x {} x {} s): raise --factor or --duration-s; see --help",
+            out.capacity_per_s, params.factor, args.duration_s
+        );
+        return ExitCode::from(2);
+    }
     println!(
         "\nmeasured capacity: {:.0} msg/s; offered {:.0} msg/s ({}x) for {:.1} s\n",
         out.capacity_per_s,
@@ -462,8 +487,13 @@ async fn main() -> ExitCode {
         total.consumed
     );
     println!(
-        "   still waiting in the deferred store at exit: {} messages",
-        out.deferred_left
+        "   still waiting in the deferred store at exit: {} messages{}",
+        out.deferred_left,
+        if out.drains_closed {
+            " (the forced_shed_level keeps the drains closed: they come back once it is 0)"
+        } else {
+            ""
+        }
     );
     println!(
         "ledger balances: {} (consumed {} = settled {} + released {} + still inside {})",

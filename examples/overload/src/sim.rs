@@ -137,6 +137,9 @@ pub struct Outcome {
     pub broker_lag_after_overload: usize,
     /// Messages still waiting in the deferred store when the run ended (not drained back).
     pub deferred_left: usize,
+    /// Whether the run stopped waiting for them because the operator's forced level kept the
+    /// drains closed.
+    pub drains_closed: bool,
     pub fifo_unserved: u64,
     pub stats: RuntimeStats,
     pub balances: bool,
@@ -448,12 +451,24 @@ pub async fn run(p: &Params) -> Outcome {
         }
     }
     let recovery_end = tally.lock().msgs.len();
-    // Give the tail of recovery (and the drained deferred work) time to finish.
+    // Give the tail of recovery (and the drained deferred work) time to finish, showing the
+    // live line meanwhile.
     broker.close();
     let settle = tokio::time::Instant::now();
-    while (broker.backlog() > 0 || deferred.backlog() > 0 || rt.stats().alive > 0)
-        && settle.elapsed() < Duration::from_secs(20)
-    {
+    let mut drains_closed = false;
+    loop {
+        let stats = rt.stats();
+        let inside = broker.backlog() > 0 || stats.alive > 0;
+        if !inside && deferred.backlog() == 0 || settle.elapsed() >= Duration::from_secs(20) {
+            break;
+        }
+        // The drains are pulled only while nothing is refused: under the operator's forced
+        // level the deferred copies cannot come back, so there is nothing left to wait for.
+        if !inside && rt.load().shed_tiers() > 0 && rt.config().forced_shed_level > 0 {
+            drains_closed = true;
+            break;
+        }
+        live.tick("settling", &stats, rt.load().shed_tiers());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let s2 = rt.stats();
@@ -503,16 +518,26 @@ pub async fn run(p: &Params) -> Outcome {
         })
     };
     let mut rng = fastrand::Rng::with_seed(7);
-    generate(
-        &clock,
-        &fifo_broker,
-        &fifo_tally,
-        capacity_per_s * p.factor,
-        p.duration,
-        p,
-        &mut rng,
-    )
-    .await;
+    {
+        let gen = generate(
+            &clock,
+            &fifo_broker,
+            &fifo_tally,
+            capacity_per_s * p.factor,
+            p.duration,
+            p,
+            &mut rng,
+        );
+        tokio::pin!(gen);
+        let mut fifo_live = FifoLive::new(p.live);
+        let mut every = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tokio::select! {
+                () = &mut gen => break,
+                _ = every.tick() => fifo_live.tick(&fifo_tally, rx.len()),
+            }
+        }
+    }
     puller.abort();
     rx.close();
     for w in workers {
@@ -538,6 +563,7 @@ pub async fn run(p: &Params) -> Outcome {
         fifo_unserved,
         stats: report.stats,
         balances: report.stats.balances(),
+        drains_closed,
         max_alive,
         alive_bound: {
             let c = config(p);
@@ -644,6 +670,58 @@ impl Live {
             stats.limit,
             stats.held,
             refusing,
+            rate(counts.2, self.last.2),
+        );
+        self.last_at = now;
+        self.last = counts;
+    }
+}
+
+/// The FIFO phase's live line, at most once a second: what it served, and in time.
+struct FifoLive {
+    every: Option<Duration>,
+    start: std::time::Instant,
+    last_at: std::time::Instant,
+    last: (usize, usize, usize),
+}
+
+impl FifoLive {
+    fn new(every: Option<Duration>) -> Self {
+        let now = std::time::Instant::now();
+        FifoLive {
+            every,
+            start: now,
+            last_at: now,
+            last: (0, 0, 0),
+        }
+    }
+
+    fn tick(&mut self, tally: &Mutex<Tally>, waiting: usize) {
+        let Some(every) = self.every else { return };
+        let now = std::time::Instant::now();
+        let dt = now.duration_since(self.last_at);
+        if dt < every {
+            return;
+        }
+        // Offered, served, served in time so far: a scan of the tally, once a second.
+        let counts = {
+            let t = tally.lock();
+            let mut served = 0;
+            let mut in_time = 0;
+            for (m, done) in t.msgs.iter().zip(&t.done) {
+                if let Some(at) = done {
+                    served += 1;
+                    in_time += usize::from(*at <= m.deadline);
+                }
+            }
+            (t.msgs.len(), served, in_time)
+        };
+        let rate = |now: usize, before: usize| now.saturating_sub(before) as f64 / dt.as_secs_f64();
+        println!(
+            "[{:>5.1}s fifo] offered {:.0}/s  served {:.0}/s  in time {:.0}/s  waiting in the channel {waiting}",
+            now.duration_since(self.start).as_secs_f64(),
+            rate(counts.0, self.last.0),
+            rate(counts.1, self.last.1),
             rate(counts.2, self.last.2),
         );
         self.last_at = now;

@@ -39,7 +39,10 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
-#[command(about = "triage under overload and faults on real Kafka and RabbitMQ")]
+#[command(
+    version,
+    about = "triage under overload and faults on real Kafka and RabbitMQ"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -129,8 +132,27 @@ struct RunArgs {
     report: Option<PathBuf>,
 }
 
+/// The flags; `--help` and `--version` print and exit, and a wrong flag is one line that
+/// points at `--help` (not the whole help, which would scroll the error away).
+fn parse_args<A: Parser>() -> A {
+    A::try_parse().unwrap_or_else(|e| {
+        use clap::error::ErrorKind;
+        match e.kind() {
+            ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+            _ => {
+                let text = e.to_string();
+                let first = text.lines().next().unwrap_or_default();
+                eprintln!("{}; see --help", first.trim_end_matches('.'));
+                std::process::exit(2);
+            }
+        }
+    })
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = parse_args();
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     if let Some(Command::Worker(args)) = cli.command {
         return match runtime.block_on(worker::run(args)) {
