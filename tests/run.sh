@@ -12,13 +12,14 @@ export TRIAGE_REQUIRE_TOOLS=1
 tests/brokers/up.sh
 # Every test binary runs even after a failure, so one run shows every failing test.
 cargo test --workspace --all-features --no-fail-fast
-# The loom models of the waiter protocols (tests/loom_queue.rs) are opt-in: `--cfg loom`
-# rebuilds every dependency in a target directory of its own (about 10 minutes the first time
-# on 2 cores; the models run in about a minute), which would push the suite past its 30-minute
-# budget on a fresh machine. TRIAGE_LOOM=1 runs them after the suite.
+# The loom models of the waiter protocols (tests/loom_queue.rs), of the token buckets
+# (tests/loom_bucket.rs) and of the memory budget's counts (tests/loom_memory.rs) are opt-in:
+# `--cfg loom` rebuilds every dependency in a target directory of its own (about 10 minutes the
+# first time on 2 cores; the models run in about a minute), which would push the suite past its
+# 30-minute budget on a fresh machine. TRIAGE_LOOM=1 runs them after the suite.
 if [[ "${TRIAGE_LOOM:-0}" == 1 ]]; then
     RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom timeout 1800 \
-        cargo test --test loom_queue --release
+        cargo test --test loom_queue --test loom_bucket --test loom_memory --release
     # The clock upkeep's park/wake protocol (src/queue/time.rs), a crate-private model.
     RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom timeout 900 \
         cargo test --lib --release queue::time::loom_tests
