@@ -1,14 +1,14 @@
 //! Where requests wait for a slot: the bounded weighted-fair entry queue in front of a
 //! concurrency limit shared with the worker runtime.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{oneshot, Notify};
 use triage::limit::{ConcurrencyLimit, Permit};
 use triage::quanta::{Clock, Instant};
-use triage::queue::{Dequeued, Meta, Removed, TierMask, WfqConfig, WfqQueue};
+use triage::queue::{Dequeued, Meta, PushError, Removed, TierMask, WfqConfig, WfqQueue};
 use triage::{ConfigError, Criticality, PerTier};
 
 use crate::RefusalReason;
@@ -34,6 +34,10 @@ impl Waiter {
 struct Inner {
     queue: WfqQueue<Waiter>,
     limit: ConcurrencyLimit,
+    /// Waits that ended without an answer from the dispatcher (the client went away, or the
+    /// deadline passed) since abandoned waiters were last taken out: their waiters may still
+    /// hold a place in the queue.
+    gone: AtomicUsize,
     /// Notified on every push, so the dispatcher looks again.
     pushed: Notify,
     /// Notified when the last handle is dropped.
@@ -65,6 +69,9 @@ impl Drop for Owner {
 ///   refused at once.
 /// - A waiter whose deadline passes is answered [`RefusalReason::Expired`] at that instant and
 ///   is never served (the queue also discards it at dequeue).
+/// - A waiter whose client goes away (its wait dropped) gives its place back: a push that
+///   finds the queue full, and the dispatcher while requests wait, take abandoned waiters out
+///   first, so they neither refuse live requests for capacity nor hold the queue age up.
 ///
 /// The limit is shareable: pass [`Runtime::concurrency_limit`](triage::runtime::Runtime::concurrency_limit)
 /// and the HTTP requests and the runtime's background work draw on one capacity; a release on
@@ -148,6 +155,7 @@ impl EntryAdmission {
         let inner = Arc::new(Inner {
             queue: WfqQueue::with_clock(queue, clock)?,
             limit,
+            gone: AtomicUsize::new(0),
             pushed: Notify::new(),
             stop: Notify::new(),
             stopped: AtomicBool::new(false),
@@ -196,7 +204,16 @@ impl EntryAdmission {
         }
         let (tx, rx) = oneshot::channel();
         let meta = Meta::new(tier).deadline_opt(deadline);
-        match self.inner.queue.push(Waiter { tx }, meta) {
+        let mut pushed = self.inner.queue.push(Waiter { tx }, meta);
+        if let Err(PushError::Full(waiter)) = pushed {
+            // Room held by waiters nobody waits for is no reason to refuse a live one.
+            pushed = if self.inner.take_out_abandoned() {
+                self.inner.queue.push(waiter, meta)
+            } else {
+                Err(PushError::Full(waiter))
+            };
+        }
+        match pushed {
             Ok(removed) => {
                 for r in removed {
                     match r {
@@ -258,6 +275,11 @@ impl EntryAdmission {
         rx: oneshot::Receiver<Grant>,
         deadline: Option<Instant>,
     ) -> Result<Permit, RefusalReason> {
+        // Counts the wait as abandoned unless the dispatcher answered it.
+        let mut leaving = Leaving {
+            gone: &self.inner.gone,
+            answered: false,
+        };
         let granted = match deadline {
             Some(d) => {
                 let left = d.saturating_duration_since(self.clock().now());
@@ -268,12 +290,40 @@ impl EntryAdmission {
             }
             None => rx.await,
         };
+        leaving.answered = true;
         match granted {
             Ok(Grant::Slot(permit)) => Ok(permit),
             Ok(Grant::Refused(reason)) => Err(reason),
             // The dispatcher dropped the waiter: the queue closed.
             Err(_) => Err(RefusalReason::Capacity),
         }
+    }
+}
+
+/// Marks a wait that ends without the dispatcher's answer (dropped, or its deadline passed
+/// first) as abandoned: its waiter may still hold a place in the queue.
+struct Leaving<'a> {
+    gone: &'a AtomicUsize,
+    answered: bool,
+}
+
+impl Drop for Leaving<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.gone.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Inner {
+    /// Takes out of the queue the waiters nobody waits for any more (their receiver gone),
+    /// when some wait was abandoned since the last time: one pass over the queue under its
+    /// lock, only then. Whether any was taken out.
+    fn take_out_abandoned(&self) -> bool {
+        if self.gone.swap(0, Ordering::Relaxed) == 0 {
+            return false;
+        }
+        !self.queue.drain_where(|w| w.tx.is_closed()).is_empty()
     }
 }
 
@@ -305,6 +355,7 @@ async fn dispatch(inner: Arc<Inner>) {
             p = limit.acquire(top) => p,
             _ = inner.pushed.notified() => continue,
             _ = tokio::time::sleep(TICK) => {
+                inner.take_out_abandoned();
                 queue.refresh_admission();
                 continue;
             }

@@ -654,3 +654,80 @@ async fn the_inner_service_sees_the_criticality_the_entry_trusts() {
         ]
     );
 }
+
+/// Also seen in issue 30: waiters whose client had gone kept their place in the entry queue
+/// until the dispatcher popped them, so a queue of abandoned requests refused live ones for
+/// capacity (and kept the queue age up). A push that finds the queue full takes the
+/// abandoned waiters out first, and the dispatcher's tick takes them out while it waits.
+#[tokio::test(start_paused = true)]
+async fn abandoned_waiters_give_their_place_back() {
+    use std::sync::Arc;
+    use tokio::sync::Semaphore;
+    use triage::admission::QueueAgeConfig;
+    use triage::queue::WfqConfig;
+
+    let mut config = TriageConfig::default();
+    config.queue = WfqConfig::with_capacity(2);
+    config.queue.admission = QueueAgeConfig::disabled();
+    config.tier_window = triage::PerTier::splat(Duration::from_secs(3_600));
+    let layer = TriageLayer::builder(config, limit(1)).build().unwrap();
+    let release = Arc::new(Semaphore::new(0));
+    let service = layer.layer(service_fn({
+        let release = Arc::clone(&release);
+        move |_req: Request<String>| {
+            let release = Arc::clone(&release);
+            async move {
+                release.acquire().await.unwrap().forget();
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }
+        }
+    }));
+    let call = || {
+        service
+            .clone()
+            .oneshot(get("/").body(String::new()).unwrap())
+    };
+    let waiting = || layer.admission().waiting().medium;
+    let holder = tokio::spawn(call());
+    while layer.admission().limit().in_flight() < 1 {
+        tokio::task::yield_now().await;
+    }
+    // Two clients wait, then go away (their response futures dropped): the queue is full of
+    // nobody.
+    let gone: Vec<_> = (0..2).map(|_| tokio::spawn(call())).collect();
+    while waiting() < 2 {
+        tokio::task::yield_now().await;
+    }
+    for g in &gone {
+        g.abort();
+    }
+    for g in gone {
+        assert!(g.await.unwrap_err().is_cancelled());
+    }
+    // A live request finds room: it waits, then is served.
+    let live = tokio::spawn(call());
+    while waiting() != 1 && !live.is_finished() {
+        tokio::task::yield_now().await;
+    }
+    assert!(!live.is_finished(), "refused instead of waiting");
+    assert_eq!(waiting(), 1);
+    // One more abandons; the dispatcher's tick takes it out without any push.
+    let gone = tokio::spawn(call());
+    while waiting() < 2 {
+        tokio::task::yield_now().await;
+    }
+    gone.abort();
+    let _ = gone.await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(waiting(), 1);
+    release.add_permits(2);
+    assert_eq!(holder.await.unwrap().unwrap().status(), StatusCode::OK);
+    assert_eq!(live.await.unwrap().unwrap().status(), StatusCode::OK);
+    assert_eq!(layer.stats().served[Criticality::Medium], 2);
+    assert_eq!(
+        layer
+            .stats()
+            .refused(Criticality::Medium, triage_tower::RefusalReason::Capacity),
+        0
+    );
+}
