@@ -59,42 +59,6 @@ impl Default for AimdConfig {
 }
 
 impl AimdConfig {
-    /// Sets [`initial`](Self::initial).
-    #[must_use]
-    pub fn with_initial(mut self, initial: usize) -> Self {
-        self.initial = initial;
-        self
-    }
-
-    /// Sets [`min`](Self::min).
-    #[must_use]
-    pub fn with_min(mut self, min: usize) -> Self {
-        self.min = min;
-        self
-    }
-
-    /// Sets [`max`](Self::max).
-    #[must_use]
-    pub fn with_max(mut self, max: usize) -> Self {
-        self.max = max;
-        self
-    }
-
-    /// Sets [`backoff_ratio`](Self::backoff_ratio).
-    #[must_use]
-    pub fn with_backoff_ratio(mut self, backoff_ratio: f64) -> Self {
-        self.backoff_ratio = backoff_ratio;
-        self
-    }
-
-    /// Sets [`timeout_ms`](Self::timeout_ms) from a `Duration`, saturating at
-    /// `u64::MAX` milliseconds.
-    #[must_use]
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-        self
-    }
-
     /// Checks every field against its documented range.
     ///
     /// # Errors
@@ -151,7 +115,7 @@ impl AimdConfig {
 /// use std::time::Duration;
 /// use triage::limit::{Aimd, AimdConfig, Sample};
 ///
-/// let mut aimd = Aimd::new(AimdConfig::default().with_initial(10))?;
+/// let mut aimd = Aimd::new(AimdConfig { initial: 10, ..AimdConfig::default() })?;
 /// let ok = Sample { latency: Duration::from_millis(20), in_flight: 10, dropped: false };
 /// assert_eq!(aimd.on_sample(ok), 11);
 /// assert_eq!(aimd.on_sample(Sample { dropped: true, ..ok }), 9); // ⌊11 × 0.9⌋
@@ -271,10 +235,12 @@ mod tests {
 
     #[test]
     fn stays_within_bounds() {
-        let cfg = AimdConfig::default()
-            .with_initial(5)
-            .with_min(3)
-            .with_max(12);
+        let cfg = AimdConfig {
+            initial: 5,
+            min: 3,
+            max: 12,
+            ..AimdConfig::default()
+        };
         let mut a = Aimd::new(cfg).unwrap();
         let dropped = Sample {
             dropped: true,
@@ -295,7 +261,11 @@ mod tests {
 
     #[test]
     fn small_limits_still_decrease() {
-        let mut a = Aimd::new(AimdConfig::default().with_initial(2)).unwrap();
+        let mut a = Aimd::new(AimdConfig {
+            initial: 2,
+            ..AimdConfig::default()
+        })
+        .unwrap();
         let dropped = Sample {
             dropped: true,
             ..good(2)
@@ -306,42 +276,57 @@ mod tests {
 
     #[test]
     fn validate_names_field_and_range() {
-        let err = AimdConfig::default()
-            .with_backoff_ratio(1.5)
-            .validate()
-            .unwrap_err();
+        let err = AimdConfig {
+            backoff_ratio: 1.5,
+            ..AimdConfig::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(
             err.to_string(),
             "limit.backoff_ratio = 1.5 is out of range: allowed (0, 1)"
         );
-        let err = AimdConfig::default()
-            .with_backoff_ratio(f64::NAN)
-            .validate()
-            .unwrap_err();
+        let err = AimdConfig {
+            backoff_ratio: f64::NAN,
+            ..AimdConfig::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(err.field, "limit.backoff_ratio");
-        let err = AimdConfig::default().with_min(0).validate().unwrap_err();
+        let err = AimdConfig {
+            min: 0,
+            ..AimdConfig::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(err.field, "limit.min");
-        let err = AimdConfig::default()
-            .with_min(10)
-            .with_max(5)
-            .validate()
-            .unwrap_err();
+        let err = AimdConfig {
+            min: 10,
+            max: 5,
+            ..AimdConfig::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(
             err.to_string(),
             "limit.max = 5 is out of range: allowed [10 (min), 1000000]"
         );
-        let err = AimdConfig::default()
-            .with_initial(500)
-            .validate()
-            .unwrap_err();
+        let err = AimdConfig {
+            initial: 500,
+            ..AimdConfig::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(
             err.to_string(),
             "limit.initial = 500 is out of range: allowed [1 (min), 200 (max)]"
         );
-        let err = AimdConfig::default()
-            .with_timeout(Duration::ZERO)
-            .validate()
-            .unwrap_err();
+        let err = AimdConfig {
+            timeout_ms: 0,
+            ..AimdConfig::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(err.field, "limit.timeout_ms");
         assert!(AimdConfig::default().validate().is_ok());
     }

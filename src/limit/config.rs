@@ -75,7 +75,7 @@ impl LimitConfig {
     /// ```
     /// use triage::limit::{AimdConfig, LimitConfig};
     ///
-    /// let limiter = LimitConfig::Aimd(AimdConfig::default().with_initial(10)).build()?;
+    /// let limiter = LimitConfig::Aimd(AimdConfig { initial: 10, ..AimdConfig::default() }).build()?;
     /// assert_eq!(limiter.limit(), 10);
     /// # Ok::<(), triage::limit::LimitConfigError>(())
     /// ```
@@ -121,9 +121,12 @@ mod tests {
             e.to_string(),
             "limit.initial = 0 is out of range: allowed [1 (min), 200 (max)]"
         );
-        let g = LimitConfig::Gradient2(Gradient2Config::default().with_initial(7))
-            .build()
-            .unwrap();
+        let g = LimitConfig::Gradient2(Gradient2Config {
+            initial: 7,
+            ..Gradient2Config::default()
+        })
+        .build()
+        .unwrap();
         assert!(matches!(g, Limiter::Gradient2(_)));
         assert_eq!(g.limit(), 7);
     }

@@ -74,3 +74,10 @@ pub(crate) struct Fields {
     pub(crate) min: &'static str,
     pub(crate) max: &'static str,
 }
+
+/// A limit setting out of range is a configuration error like any other, naming the same field.
+impl From<LimitConfigError> for crate::ConfigError {
+    fn from(e: LimitConfigError) -> Self {
+        crate::ConfigError::new(e.field, e.value, e.allowed)
+    }
+}

@@ -69,62 +69,6 @@ impl Default for Gradient2Config {
 }
 
 impl Gradient2Config {
-    /// Sets [`initial`](Self::initial).
-    #[must_use]
-    pub fn with_initial(mut self, initial: usize) -> Self {
-        self.initial = initial;
-        self
-    }
-
-    /// Sets [`min`](Self::min).
-    #[must_use]
-    pub fn with_min(mut self, min: usize) -> Self {
-        self.min = min;
-        self
-    }
-
-    /// Sets [`max`](Self::max).
-    #[must_use]
-    pub fn with_max(mut self, max: usize) -> Self {
-        self.max = max;
-        self
-    }
-
-    /// Sets [`tolerance`](Self::tolerance).
-    #[must_use]
-    pub fn with_tolerance(mut self, tolerance: f64) -> Self {
-        self.tolerance = tolerance;
-        self
-    }
-
-    /// Sets [`smoothing`](Self::smoothing).
-    #[must_use]
-    pub fn with_smoothing(mut self, smoothing: f64) -> Self {
-        self.smoothing = smoothing;
-        self
-    }
-
-    /// Sets [`long_window`](Self::long_window).
-    #[must_use]
-    pub fn with_long_window(mut self, samples: u32) -> Self {
-        self.long_window = samples;
-        self
-    }
-
-    /// Sets [`short_window`](Self::short_window).
-    #[must_use]
-    pub fn with_short_window(mut self, samples: u32) -> Self {
-        self.short_window = samples;
-        self
-    }
-
-    /// Sets [`queue_size`](Self::queue_size); `None` restores `√limit`.
-    #[must_use]
-    pub fn with_queue_size(mut self, queue_size: Option<usize>) -> Self {
-        self.queue_size = queue_size;
-        self
-    }
-
     /// Checks every field against its documented range.
     ///
     /// # Errors
@@ -404,8 +348,10 @@ mod tests {
         assert_eq!(after, 200);
 
         // Unsaturated: the pre-rise limit is below max, and must be regained.
-        let (before, during, after) =
-            falls_then_recovers(Gradient2Config::default().with_max(10_000));
+        let (before, during, after) = falls_then_recovers(Gradient2Config {
+            max: 10_000,
+            ..Gradient2Config::default()
+        });
         assert!(before > 200 && before < 10_000, "before = {before}");
         assert!(during * 10 < before * 6, "during = {during}");
         assert!(after >= before, "after = {after}, before = {before}");
@@ -413,7 +359,10 @@ mod tests {
 
     #[test]
     fn steady_latency_grows_by_smoothed_queue_size() {
-        let cfg = Gradient2Config::default().with_queue_size(Some(5));
+        let cfg = Gradient2Config {
+            queue_size: Some(5),
+            ..Gradient2Config::default()
+        };
         let mut g = Gradient2::new(cfg).unwrap();
         // 20 × 0.8 + (20 + 5) × 0.2 = 21.
         feed(&mut g, 10, 1);
@@ -439,9 +388,11 @@ mod tests {
 
     #[test]
     fn drop_is_maximal_decrease() {
-        let cfg = Gradient2Config::default()
-            .with_initial(100)
-            .with_queue_size(Some(10));
+        let cfg = Gradient2Config {
+            initial: 100,
+            queue_size: Some(10),
+            ..Gradient2Config::default()
+        };
         let mut g = Gradient2::new(cfg).unwrap();
         // 100 × 0.8 + (100 × 0.5 + 10) × 0.2 = 92, even with nothing in flight.
         let l = g.on_sample(Sample {
@@ -469,44 +420,56 @@ mod tests {
 
     #[test]
     fn validate_names_field_and_range() {
-        let e = Gradient2Config::default()
-            .with_smoothing(0.0)
-            .validate()
-            .unwrap_err();
+        let e = Gradient2Config {
+            smoothing: 0.0,
+            ..Gradient2Config::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(
             e.to_string(),
             "limit.smoothing = 0 is out of range: allowed (0, 1]"
         );
-        let e = Gradient2Config::default()
-            .with_tolerance(0.9)
-            .validate()
-            .unwrap_err();
+        let e = Gradient2Config {
+            tolerance: 0.9,
+            ..Gradient2Config::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(
             e.to_string(),
             "limit.tolerance = 0.9 is out of range: allowed [1, 100]"
         );
-        let e = Gradient2Config::default()
-            .with_short_window(601)
-            .validate()
-            .unwrap_err();
+        let e = Gradient2Config {
+            short_window: 601,
+            ..Gradient2Config::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(
             e.to_string(),
             "limit.short_window = 601 is out of range: allowed [1, 600 (long_window)]"
         );
-        let e = Gradient2Config::default()
-            .with_long_window(0)
-            .validate()
-            .unwrap_err();
+        let e = Gradient2Config {
+            long_window: 0,
+            ..Gradient2Config::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(e.field, "limit.long_window");
-        let e = Gradient2Config::default()
-            .with_queue_size(Some(0))
-            .validate()
-            .unwrap_err();
+        let e = Gradient2Config {
+            queue_size: Some(0),
+            ..Gradient2Config::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(e.field, "limit.queue_size");
-        let e = Gradient2Config::default()
-            .with_max(0)
-            .validate()
-            .unwrap_err();
+        let e = Gradient2Config {
+            max: 0,
+            ..Gradient2Config::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(e.field, "limit.max");
         assert!(Gradient2Config::default().validate().is_ok());
     }

@@ -619,7 +619,11 @@ mod tests {
 
     #[test]
     fn stress_with_adaptive_limit_stays_within_max() {
-        let cfg = AimdConfig::default().with_initial(8).with_max(16);
+        let cfg = AimdConfig {
+            initial: 8,
+            max: 16,
+            ..AimdConfig::default()
+        };
         let limit = ConcurrencyLimit::new(Aimd::new(cfg).unwrap().into(), TierShares::default());
         std::thread::scope(|s| {
             for t in 0..4 {
@@ -774,18 +778,10 @@ mod tests {
         ) {
             check(Fixed::new(initial).unwrap().into(), initial, initial, &samples);
 
-            let aimd = AimdConfig::default()
-                .with_initial(initial).with_min(min).with_max(max)
-                .with_backoff_ratio(backoff)
-                .with_timeout(Duration::from_millis(500));
+            let aimd = AimdConfig { initial, min, max, backoff_ratio: backoff, timeout_ms: 500 };
             check(Aimd::new(aimd).unwrap().into(), min, max, &samples);
 
-            let g2 = Gradient2Config::default()
-                .with_initial(initial).with_min(min).with_max(max)
-                .with_tolerance(tolerance).with_smoothing(smoothing)
-                .with_long_window(long_window)
-                .with_short_window(long_window.min(5))
-                .with_queue_size(queue_size);
+            let g2 = Gradient2Config { initial, min, max, tolerance, smoothing, long_window, short_window: long_window.min(5), queue_size };
             check(Gradient2::new(g2).unwrap().into(), min, max, &samples);
         }
     }

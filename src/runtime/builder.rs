@@ -8,13 +8,14 @@ use std::sync::Arc;
 use quanta::Clock;
 use tokio_util::sync::CancellationToken;
 
-use crate::limit::{ConcurrencyLimit, Fixed, Limiter};
+use crate::limit::ConcurrencyLimit;
 use crate::queue::WfqQueue;
 use crate::runtime::engine::{self, Inner};
 use crate::runtime::item::Accounts;
+use crate::runtime::reconfigure::Applied;
 use crate::runtime::{
     cost, dead_letter, deferral, lifecycle, live, metrics, pacing, signals, worker, DeadLetterSink,
-    DeferSink, HandlerError, Job, RefusalPolicy, Runtime, RuntimeConfig,
+    DeferSink, HandlerError, Job, ReconfigureError, RefusalPolicy, Runtime, RuntimeConfig,
 };
 use crate::ConfigError;
 
@@ -145,23 +146,22 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
         H: Fn(Job<T>) -> F + Send + Sync + 'static,
         F: Future<Output = Result<(), HandlerError>> + Send + 'static,
     {
-        let mut config = self.config;
+        let config = self.config;
+        // The settings that cannot change while running size the parts; every other setting
+        // is applied to the defaults below, through the path of a live reconfiguration.
         config.validate()?;
-        check_sinks(&mut config, self.defer.as_ref(), self.dead_letter.as_ref())?;
-        let workers = config.workers.get();
-        let limiter = match &config.limit {
-            Some(l) => l.build().map_err(|e| {
-                ConfigError::new(e.field.to_string(), e.value.clone(), e.allowed.clone())
-            })?,
-            None => Limiter::from(
-                Fixed::new(workers)
-                    .map_err(|e| ConfigError::new("workers", e.value.clone(), e.allowed.clone()))?,
-            ),
+        let mut base = RuntimeConfig {
+            workers: config.workers,
+            max_deferring: config.max_deferring,
+            max_dead_lettering: config.max_dead_lettering,
+            ..RuntimeConfig::default()
         };
-        let limit = ConcurrencyLimit::new(limiter, config.shares);
+        check_sinks(&mut base, self.defer.as_ref(), self.dead_letter.as_ref())?;
+        let workers = base.workers.get();
+        let limit = ConcurrencyLimit::new(base.limiter()?, base.shares);
         // Queue age admits pushed work only (`try_submit`); pulled work is admitted by the
         // pull-based level in `Inner::offer` and queued past the queue-age check.
-        let queue = WfqQueue::with_clock(config.queue.clone(), self.clock.clone())?;
+        let queue = WfqQueue::with_clock(base.queue.clone(), self.clock.clone())?;
         let accounts = Arc::new(Accounts {
             ledger: crate::ledger::Ledger::new(),
             metrics: metrics::Metrics::register(),
@@ -171,36 +171,27 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             refused: Default::default(),
             admitted: Default::default(),
             withdrawn: Default::default(),
-            memory: crate::admission::MemoryBudget::new(&config.memory),
+            memory: crate::admission::MemoryBudget::new(&base.memory),
             decisions: Default::default(),
             decisions_published: Default::default(),
             refusals: Default::default(),
         });
-        accounts.metrics.config_generation.set(1.0);
-        accounts
-            .metrics
-            .forced_shed_level
-            .set(f64::from(config.forced_shed_level));
-        accounts
-            .metrics
-            .brownout_level
-            .set(f64::from(config.brownout_level));
-        let live = live::Live::new(&config);
+        let live = live::Live::new(&base);
         let breakers = Arc::new(crate::admission::Breakers::with_clock(
-            config.breaker.clone(),
+            base.breaker.clone(),
             self.clock.clone(),
         )?);
-        let buckets = crate::admission::TierBuckets::new(&config.buckets, self.clock.clone());
+        let buckets = crate::admission::TierBuckets::new(&base.buckets, self.clock.clone());
         let inner = Arc::new(Inner {
             queue,
             limit,
             accounts,
-            deferrals: deferral::Deferrals::new(self.defer, config.max_deferring.get()),
+            deferrals: deferral::Deferrals::new(self.defer, base.max_deferring.get()),
             dead_letters: dead_letter::DeadLetters::new(
                 self.dead_letter,
-                config.max_dead_lettering.get(),
+                base.max_dead_lettering.get(),
             ),
-            config: arc_swap::ArcSwap::from_pointee(config),
+            config: arc_swap::ArcSwap::from_pointee(base),
             live,
             observer: self.observer,
             breakers,
@@ -214,6 +205,18 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             origin: self.clock.now(),
             clock: self.clock,
         });
+        match inner.apply(config, Applied::Start) {
+            Ok(_) => {}
+            Err(ReconfigureError::Invalid(e)) => return Err(e),
+            // Applying checks and builds; it has no file to read nor a runtime that stopped.
+            Err(e) => {
+                return Err(ConfigError::new(
+                    "(configuration)",
+                    e,
+                    "a valid configuration",
+                ))
+            }
+        }
         let handler = Arc::new(handler);
         let spawn_worker: SpawnWorker<T> =
             Arc::new(move |inner| Box::pin(worker::run(inner, Arc::clone(&handler))));

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::admission::{BreakerConfig, BucketsConfig, MemoryConfig, PullAdmissionConfig};
-use crate::limit::{LimitConfig, TierShares};
+use crate::limit::{Fixed, LimitConfig, Limiter, TierShares};
 use crate::queue::WfqConfig;
 use crate::{ConfigError, PerTier};
 
@@ -371,6 +371,18 @@ impl std::error::Error for LoadConfigError {
 }
 
 impl RuntimeConfig {
+    /// The concurrency limiter this configuration asks for: the `[limit]` algorithm, or a fixed
+    /// limit of `workers` without one. Built here alone, for start and for a reconfiguration.
+    pub(crate) fn limiter(&self) -> Result<Limiter, ConfigError> {
+        match &self.limit {
+            Some(limit) => Ok(limit.build()?),
+            None => Ok(Limiter::from(
+                Fixed::new(self.workers.get())
+                    .map_err(|e| ConfigError::new("workers", e.value, e.allowed))?,
+            )),
+        }
+    }
+
     /// Parses and validates a TOML document.
     ///
     /// # Errors
@@ -414,9 +426,7 @@ impl RuntimeConfig {
             ));
         }
         if let Some(limit) = &self.limit {
-            limit.validate().map_err(|e| {
-                ConfigError::new(e.field.to_string(), e.value.clone(), e.allowed.clone())
-            })?;
+            limit.validate()?;
         }
         self.retry.validate()?;
         if self.max_deferring.get() > 100_000 {

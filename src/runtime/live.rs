@@ -10,7 +10,8 @@ use crate::runtime::RuntimeConfig;
 /// the hot path.
 #[derive(Debug)]
 pub(crate) struct Live {
-    /// 1 at start, one more per applied reconfiguration.
+    /// 0 while the parts are built, 1 once the configuration is applied at start, one more
+    /// per applied reconfiguration.
     generation: AtomicU64,
     /// Reconfigurations and reloads refused (`triage_config_refused_total`).
     refused: AtomicU64,
@@ -29,7 +30,7 @@ pub(crate) struct Live {
 impl Live {
     pub(crate) fn new(config: &RuntimeConfig) -> Self {
         Live {
-            generation: AtomicU64::new(1),
+            generation: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             forced_level: AtomicU8::new(config.forced_shed_level),
             // A level in the starting configuration has been up since the start (the origin).

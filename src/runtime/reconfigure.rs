@@ -28,6 +28,10 @@
 //!
 //! A configuration equal to the one in force changes nothing, not even the generation.
 //!
+//! Starting a runtime takes the same path: the parts are built with the defaults (and the
+//! settings of [`FIXED`], which size them), and the configuration is applied over those
+//! (`Applied::Start`), which makes the generation 1.
+//!
 //! # Adding a part
 //!
 //! A part with its own section in [`RuntimeConfig`] (token buckets, breakers, a memory
@@ -38,7 +42,6 @@
 
 use std::sync::{Arc, Weak};
 
-use crate::limit::{Fixed, Limiter};
 use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::refusal::Refusal;
 use crate::runtime::settle::Freed;
@@ -127,6 +130,15 @@ impl From<ConfigError> for ReconfigureError {
     }
 }
 
+/// When a configuration is applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Applied {
+    /// At start, over the defaults (with the settings of [`FIXED`] taken from it).
+    Start,
+    /// To the running runtime.
+    Live,
+}
+
 /// Reads and parses a configuration file, without validating it.
 pub(crate) fn read_config(path: &std::path::Path) -> Result<RuntimeConfig, ReconfigureError> {
     let text = std::fs::read_to_string(path).map_err(|source| ReconfigureError::Read {
@@ -148,7 +160,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         if self.lifecycle.stop.is_cancelled() {
             return Err(ReconfigureError::Stopped);
         }
-        let done = self.apply(config);
+        let done = self.apply(config, Applied::Live);
         if done.is_err() {
             self.count_refused();
         }
@@ -161,9 +173,12 @@ impl<T: Send + Sync + 'static> Inner<T> {
         self.accounts.metrics.config_refused.increment(1);
     }
 
-    fn apply(
+    /// Applies `config` over the configuration in force, in the two phases of the module docs:
+    /// at start over the defaults (`Applied::Start`), or live.
+    pub(crate) fn apply(
         self: &Arc<Self>,
         mut config: RuntimeConfig,
+        applied: Applied,
     ) -> Result<Reconfigured, ReconfigureError> {
         let _serial = self.live.serial();
         let old = self.config.load_full();
@@ -176,7 +191,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
             self.dead_letters.sink.as_ref(),
         )?;
         let changes = diff(&old, &config);
-        if changes.is_empty() {
+        // At start the generation becomes 1 even when the defaults are taken as they are.
+        if changes.is_empty() && applied == Applied::Live {
             return Ok(Reconfigured {
                 generation: self.live.generation(),
                 changes: Vec::new(),
@@ -198,7 +214,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             }
         }
         let limiter = if config.limit != old.limit {
-            Some(build_limiter(&config)?)
+            Some(config.limiter()?)
         } else {
             None
         };
@@ -223,12 +239,18 @@ impl<T: Send + Sync + 'static> Inner<T> {
         m.forced_shed_level.set(f64::from(forced));
         m.brownout_level.set(f64::from(brownout));
         let changes: Vec<String> = changes.iter().map(ToString::to_string).collect();
-        tracing::info!(
-            generation,
-            evicted = evicted_entries.len(),
-            "configuration applied live: {}",
-            changes.join(", ")
-        );
+        match applied {
+            Applied::Start => tracing::debug!(
+                "runtime started with the defaults but for: {}",
+                changes.join(", ")
+            ),
+            Applied::Live => tracing::info!(
+                generation,
+                evicted = evicted_entries.len(),
+                "configuration applied live: {}",
+                changes.join(", ")
+            ),
+        }
         drop(_serial);
 
         let mut evicted = PerTier::<u64>::default();
@@ -252,17 +274,6 @@ impl<T: Send + Sync + 'static> Inner<T> {
             changes,
             evicted,
         })
-    }
-}
-
-fn build_limiter(config: &RuntimeConfig) -> Result<Limiter, ConfigError> {
-    match &config.limit {
-        Some(l) => l
-            .build()
-            .map_err(|e| ConfigError::new(e.field.to_string(), e.value.clone(), e.allowed.clone())),
-        None => Ok(Limiter::from(Fixed::new(config.workers.get()).map_err(
-            |e| ConfigError::new("workers", e.value.clone(), e.allowed.clone()),
-        )?)),
     }
 }
 
