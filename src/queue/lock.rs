@@ -47,14 +47,13 @@ use std::cell::UnsafeCell;
 use loom::cell::UnsafeCell;
 
 /// Rounds of exponential spinning (`2^step` spin hints each) before a waiter yields: 1,023
-/// hints in all, about 25 µs where a spin hint (`pause`) costs 25 ns (this project's Xeon VMs;
-/// a few µs on CPUs with the older, shorter `pause`). crossbeam's `Backoff` stops at 6 rounds
-/// (63 hints, 1.6 µs here), which made a waiter yield while the holder was running on the
-/// other core and only moving cache lines: the yield handed the core to another contender, and
-/// the four-producer, two-consumer bench made 1.14 million context switches instead of 132,000
-/// (25 ms against 19 ms per 100,000 items on threads, 38-42 ms against 28-30 ms with async
-/// consumers; BENCHMARKS.md). A descheduled holder costs a waiter at most these 25 µs of
-/// spinning before it yields, against a time slice of milliseconds.
+/// hints in all, tens of µs where a spin hint (`pause`) is slow, a few µs where it is short.
+/// The lock is held for a push or a pop, far less than that: a waiter that yields sooner (as
+/// crossbeam's `Backoff` does, after 63 hints) yields while the holder is running on another
+/// core and only moving cache lines, and hands its core to another contender, which costs a
+/// context switch per contended acquisition (BENCHMARKS.md has the bench). A descheduled
+/// holder costs a waiter at most this spinning before it yields, against a time slice of
+/// milliseconds.
 #[cfg_attr(loom, allow(dead_code))]
 const SPINS: u32 = 10;
 

@@ -40,55 +40,44 @@
 //! Every operation touches scheduler state shared by the four tiers (the passes, the counts,
 //! the byte budget), eviction takes the *newest* item of the lowest tier below the incoming
 //! one, atomically across tiers, and a push into a full queue first discards what has
-//! expired. So the state sits behind one lock, and the work done under it was slimmed until
-//! no single part stands out (callgrind, instructions per push+pop: 591, then 252, now 244;
-//! crossbeam's `ArrayQueue` 95):
+//! expired. So the state sits behind one lock, and the work done under it is kept small:
 //!
 //! - the backlog bitmask is kept as items come and go, not rebuilt from four `is_empty`;
 //! - queue-age admission is re-evaluated only when it can change: at level 0 nothing a push or
 //!   pop does can age the oldest item, so until that item reaches the lowest cut-off no
-//!   operation recomputes the ages (it was a third of the cost);
+//!   operation recomputes the ages;
 //! - a push with room builds no eviction set; a pop counts itself under the lock (a plain
 //!   store published after it, not a locked add); the stride pick visits set bits only, and
 //!   none when one tier is a candidate; an item of size 0 touches no byte counter;
 //! - the precise clock is read only near a deadline (above);
 //! - [`WfqQueue::push_batch`] and [`WfqQueue::pop_batch_masked`] pay the lock, the wake-up
 //!   check and the clock read once per batch;
-//! - an [`Entry`] is held flat (40 bytes beside a `u64`, was 48 with a [`Meta`] inside it):
-//!   copying a nested `Meta` in 16-byte pieces straddled the narrower stores that had just
-//!   written it, and a pop's copy straddled the push's, so those loads waited for the stores
-//!   to retire (`perf annotate` put a third of a single-threaded push+pop on two such loads);
-//!   10% off a push+pop loop's median and 0.3-7.4% off criterion's, measured interleaved
-//!   (`entry.rs`, BENCHMARKS.md).
+//! - an [`Entry`] is held flat, not with a [`Meta`] inside it: copying a nested `Meta` in
+//!   16-byte pieces straddles the narrower stores that have just written it, and a pop's copy
+//!   then waits for the push's stores to retire (`entry.rs`).
 //!
-//! Instructions were not what separated the queue from `ArrayQueue` most: atomic
-//! read-modify-writes and cache lines were. `parking_lot::Mutex` takes its lock with a
-//! compare-and-swap and releases it with another (it must learn whether a thread is parked),
-//! four per push+pop against `ArrayQueue`'s two; and the state an operation touches was spread
-//! over as many cache lines as Rust's field order happened to give, each of which moves
-//! between cores inside the critical section when producers and consumers run on different
-//! cores. So the lock is now `lock.rs`'s, taken by one compare-and-swap and released by a
-//! plain store (two read-modify-writes per push+pop, as `ArrayQueue`); it never parks, so a
-//! waiter spins, then yields, while a descheduled holder finishes (see `lock.rs` for what that
-//! gives up). And the fields every push and pop touches come first (`repr(C)`), the lock's
-//! flag, the counts and the admission recheck instant in one cache line, the scheduler's
-//! passes and the per-tier push and pop counters in the next ones.
+//! Atomic read-modify-writes and cache lines cost more than instructions here. The lock is
+//! `lock.rs`'s, taken by one compare-and-swap and released by a plain store (two
+//! read-modify-writes per push+pop, as crossbeam's `ArrayQueue`, where a parking mutex needs
+//! four: it must learn at release whether a thread is parked); it never parks, so a waiter
+//! spins, then yields, while a descheduled holder finishes (see `lock.rs` for what that gives
+//! up). And the fields every push and pop touches come first (`repr(C)`): the lock's flag, the
+//! counts and the admission recheck instant in one cache line, the scheduler's passes and the
+//! per-tier push and pop counters in the next ones, so a critical section moves few lines
+//! between cores.
 //!
-//! What it still gives up, measured in BENCHMARKS.md: six threads on two cores serialise on
-//! the one lock, where a lock-free channel's producers and consumers touch different cache
-//! lines, and a holder descheduled inside its critical section holds everyone up. Blocking
-//! pushes and pops spin, then yield, before they park, as crossbeam-channel does, and async
-//! ones yield to the executor once before they register to sleep; with async tasks the queue
-//! keeps about level with async-channel (0.79-1.32x over runs on three machines, 2026-12-02 and
-//! 03), and with four producers and two consumers on threads it moves 0.33-0.82x of a bounded
-//! crossbeam-channel's items per second, one at a time, 0.58-2.0x in batches of 32.
-//! The alternative measured in issue 11, four lock-free rings (one per tier) with an atomic
-//! total, reached 1.8x `ArrayQueue` single-threaded but cannot take the newest item off a
-//! ring's tail, so it would give up eviction of the newest item (and the expiry scan) or need
-//! a lock for them anyway; the stride scheduler's passes would also need a lock or a
-//! compare-and-swap loop of their own, shared by every consumer. A worker that spends
-//! microseconds per message is not limited by a queue that spends tens of nanoseconds, and
-//! the refuse path (admission) never takes the lock.
+//! What it still gives up: threads on few cores serialise on the one lock, where a lock-free
+//! channel's producers and consumers touch different cache lines, and a holder descheduled
+//! inside its critical section holds everyone up. Blocking pushes and pops spin, then yield,
+//! before they park, as crossbeam-channel does, and async ones yield to the executor once
+//! before they register to sleep. Four lock-free rings (one per tier) with an atomic total
+//! would be faster alone but cannot take the newest item off a ring's tail, so they would give
+//! up eviction of the newest item (and the expiry scan) or need a lock for them anyway; the
+//! stride scheduler's passes would also need a lock or a compare-and-swap loop of their own,
+//! shared by every consumer. A worker that spends microseconds per message is not limited by
+//! a queue that spends tens of nanoseconds, and the refuse path (admission) never takes the
+//! lock. BENCHMARKS.md has the measurements behind each of these choices (instructions per
+//! push+pop, the entry layout, the lock against a mutex, the queue against channels).
 //!
 //! # Requeue stays within the bounds
 //!

@@ -199,18 +199,12 @@ pub struct RuntimeConfig {
     pub shares: TierShares,
     /// Work-conserving shares: a tier may use idle slots beyond its share while no higher tier
     /// has work waiting in the queue, so workers never idle next to waiting lower-tier work
-    /// (without it, at 1x, Sheddable's share of 0.5 kept it to the slots left while fewer than
-    /// half were busy, and it expired). The cost: a higher-tier message that arrives while
-    /// borrowed slots are busy waits for the first to free, at most one handler run. `false`
-    /// keeps the shares strict. Default `true`.
-    ///
-    /// Measured (proving ground, Kafka, one mixed topic at 1x, 8 workers of 10 ms, mix
-    /// 10/20/30/40, same load both ways, 2026-12-01, load average about 10 on the shared
-    /// 2-core machine): Critical's sojourn (enqueue to start) p50 12.4 ms and p99 22.8 ms with
-    /// `true`, p50 12.0 ms and p99 52.6 ms with `false`. Borrowing cost Critical 0.4 ms at the
-    /// median and nothing at the tail: with strict shares the workers idle next to waiting
-    /// lower-tier work, the queue stays longer and Critical waits behind it (and Sheddable's
-    /// goodput fell from 96.8% to 8.5%). Figures and command in `BENCHMARKS.md`.
+    /// (with strict shares at 1x, a tier with a share of 0.5 gets only the slots left while
+    /// fewer than half are busy, and its work expires waiting). The cost: a higher-tier message
+    /// that arrives while borrowed slots are busy waits for the first to free, at most one
+    /// handler run; strict shares cost it more, since the queue the idle workers leave behind
+    /// stays longer and it waits behind that. `false` keeps the shares strict. Default `true`.
+    /// The proving ground's comparison of the two is in `BENCHMARKS.md`.
     pub work_conserving: bool,
     /// Also keep the shares strict for this long after a higher tier last had work queued, in
     /// milliseconds, for higher tiers that arrive in bursts. With steady mixed traffic any

@@ -168,19 +168,16 @@ impl<T: Send + Sync + 'static> Runtime<T> {
         }
     }
 
-    /// Starts pulling deferred work back from `source`, only while the Sheddable tier is being
-    /// admitted (the load is below Sheddable's cut-off). Its messages are never deferred again:
-    /// when refused they wait in their topic or queue (backpressure).
-    ///
-    /// # Panics
-    ///
-    /// As [`attach`](Runtime::attach).
     /// Starts pulling deferred work back from `source`, only while nothing is shed and the
     /// workers have room. Its messages keep the tier they were deferred with (the connectors'
     /// drains read it from `triage-criticality`) and the count of their deferrals
     /// (`triage-deferrals`); refused again, they are deferred again by their tier's policy until
     /// [`max_deferrals`](RuntimeConfig::max_deferrals), then held (backpressure) until served or
     /// expired. Their pulls do not count as arrivals for pull-based admission.
+    ///
+    /// # Panics
+    ///
+    /// As [`attach`](Runtime::attach).
     pub fn attach_drain<S: Source<Payload = T>>(&mut self, source: S) {
         if let Err(e) = self.check_source(&source) {
             panic!("cannot attach the drain: {e}");

@@ -23,8 +23,8 @@ pub(crate) enum Mode {
 /// their key, not for a worker, so the intake looks past them for keys that are ready (as a
 /// parallel consumer does); but not without bound: everything pulled counts as arrival to
 /// pull-based admission, and a look-ahead of thousands of parked messages, pulled faster than
-/// the lag probe sees them leave the broker, read as arrival beyond capacity and shed a keyed
-/// backlog (11,283 of 20,000 Medium records once on Kafka). A backlog stays in the broker.
+/// the lag probe sees them leave the broker, reads as arrival beyond capacity and sheds a keyed
+/// backlog. A backlog stays in the broker.
 const ORDERING_LOOKAHEAD: usize = 8;
 
 /// Whether the intake, not overloaded, has pulled as far ahead as it should: the queue holds
