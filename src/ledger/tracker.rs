@@ -118,8 +118,9 @@ pub struct Revoked {
     pub pending: usize,
 }
 
+/// An offset in a partition's window, and whether its message has its disposition.
 #[derive(Clone, Copy, Debug)]
-struct Slot {
+struct Tracked {
     offset: u64,
     resolved: bool,
 }
@@ -129,7 +130,7 @@ struct PartitionState {
     epoch: Epoch,
     /// Tracked offsets from the oldest unresolved one to the newest, in
     /// increasing order. Invariant: empty, or the front is unresolved.
-    window: VecDeque<Slot>,
+    window: VecDeque<Tracked>,
     last_tracked: Option<u64>,
     unresolved: usize,
     /// Highest position reported through [`AckTracker::mark_committed`].
@@ -306,7 +307,7 @@ impl<P: Eq + Hash + Clone> AckTracker<P> {
                 return Err(TrackError::NotIncreasing { offset, last });
             }
         }
-        state.window.push_back(Slot {
+        state.window.push_back(Tracked {
             offset,
             resolved: false,
         });

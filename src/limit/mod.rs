@@ -355,7 +355,7 @@ impl ConcurrencyLimit {
     /// (work-conserving shares, decided by the caller); `None` means "not now".
     pub fn try_acquire_up_to(&self, tier: Criticality, allowed: usize) -> Option<Permit> {
         let in_flight_at_start = self.inner.claim(allowed.min(self.limit()))?;
-        Some(Permit(Held {
+        Some(Permit(Taken {
             inner: Arc::clone(&self.inner),
             in_flight_at_start,
             tier,
@@ -368,7 +368,7 @@ impl ConcurrencyLimit {
     /// worker shares). The same semantics in every other respect.
     pub(crate) fn try_slot_up_to(&self, tier: Criticality, allowed: usize) -> Option<Slot<'_>> {
         let in_flight_at_start = self.inner.claim(allowed.min(self.limit()))?;
-        Some(Slot(Held {
+        Some(Slot(Taken {
             inner: &*self.inner,
             in_flight_at_start,
             tier,
@@ -401,14 +401,14 @@ impl ConcurrencyLimit {
 /// from it; merely dropping the permit (a cancelled job, a panic unwinding)
 /// releases the slot without a sample.
 #[must_use = "dropping a Permit releases its slot at once"]
-pub struct Permit(Held<Arc<Inner>>);
+pub struct Permit(Taken<Arc<Inner>>);
 
 /// A [`Permit`] that borrows its limit (see [`ConcurrencyLimit::try_slot_up_to`]).
 #[must_use = "dropping a Slot releases it at once"]
-pub(crate) struct Slot<'a>(Held<&'a Inner>);
+pub(crate) struct Slot<'a>(Taken<&'a Inner>);
 
 /// A slot taken, whatever holds the limit: released when dropped.
-struct Held<P: std::ops::Deref<Target = Inner>> {
+struct Taken<P: std::ops::Deref<Target = Inner>> {
     inner: P,
     in_flight_at_start: usize,
     tier: Criticality,
@@ -449,7 +449,7 @@ impl Slot<'_> {
     }
 }
 
-impl<P: std::ops::Deref<Target = Inner>> Held<P> {
+impl<P: std::ops::Deref<Target = Inner>> Taken<P> {
     fn record(self, latency: Duration, dropped: bool) -> usize {
         if self.inner.fixed.load(std::sync::atomic::Ordering::Relaxed) {
             // A fixed limit ignores samples: no lock per completion.
@@ -470,7 +470,7 @@ impl<P: std::ops::Deref<Target = Inner>> Held<P> {
     }
 }
 
-impl<P: std::ops::Deref<Target = Inner>> Drop for Held<P> {
+impl<P: std::ops::Deref<Target = Inner>> Drop for Taken<P> {
     fn drop(&mut self) {
         let in_flight = self.inner.in_flight.fetch_sub(1, Ordering::Relaxed) - 1;
         // Pairs with the fence in `listen` (see `Inner::waiting`).
