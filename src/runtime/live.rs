@@ -103,3 +103,45 @@ impl Live {
         self.serial.lock()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn levels(forced: u8, brownout: u8) -> RuntimeConfig {
+        RuntimeConfig {
+            forced_shed_level: forced,
+            brownout_level: brownout,
+            ..RuntimeConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_forced_episode_starts_when_the_level_rises_from_0_and_lasts_while_above() {
+        let live = Live::new(&levels(0, 0));
+        assert_eq!(live.forced_for(10), None);
+        live.set_levels(&levels(1, 2), 100);
+        assert_eq!((live.forced_level(), live.brownout()), (1, 2));
+        assert_eq!(live.forced_for(350), Some(Duration::from_nanos(250)));
+        // Raised further: the same episode.
+        live.set_levels(&levels(3, 0), 200);
+        assert_eq!(live.forced_for(350), Some(Duration::from_nanos(250)));
+        // Lifted: over; raised again: a new one.
+        live.set_levels(&levels(0, 0), 300);
+        assert_eq!(live.forced_for(350), None);
+        live.set_levels(&levels(2, 0), 400);
+        assert_eq!(live.forced_for(450), Some(Duration::from_nanos(50)));
+    }
+
+    #[test]
+    fn the_generation_counts_the_applied_and_the_refused_apart() {
+        let live = Live::new(&RuntimeConfig::default());
+        assert_eq!(live.generation(), 0);
+        assert_eq!(live.next_generation(), 1);
+        assert_eq!(live.next_generation(), 2);
+        live.count_refused();
+        assert_eq!((live.generation(), live.refused()), (2, 1));
+    }
+}
