@@ -12,10 +12,10 @@ use crate::limit::ConcurrencyLimit;
 use crate::queue::WfqQueue;
 use crate::runtime::engine::{self, Inner};
 use crate::runtime::item::Accounts;
-use crate::runtime::reconfigure::Applied;
+use crate::runtime::reconfigure::{check_sinks, Applied};
 use crate::runtime::{
     cost, dead_letter, deferral, lifecycle, live, metrics, pacing, signals, worker, DeadLetterSink,
-    DeferSink, HandlerError, Job, ReconfigureError, RefusalPolicy, Runtime, RuntimeConfig,
+    DeferSink, HandlerError, Job, ReconfigureError, Runtime, RuntimeConfig,
 };
 use crate::ConfigError;
 
@@ -235,43 +235,4 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             final_ack: Arc::new(parking_lot::Mutex::new(None)),
         })
     }
-}
-
-/// What the configuration asks of the sinks, against the sinks there are: resolves
-/// `DeferOrDrop`, and refuses what cannot work.
-pub(super) fn check_sinks<T>(
-    config: &mut RuntimeConfig,
-    defer: Option<&Arc<dyn DeferSink<T>>>,
-    dead_letter: Option<&Arc<dyn DeadLetterSink<T>>>,
-) -> Result<(), ConfigError> {
-    for tier in crate::Criticality::ALL {
-        match config.policy[tier] {
-            RefusalPolicy::DeferOrDrop if defer.is_some() => {
-                config.policy[tier] = RefusalPolicy::Defer;
-            }
-            RefusalPolicy::DeferOrDrop => config.policy[tier] = RefusalPolicy::Drop,
-            RefusalPolicy::Defer if defer.is_none() => {
-                return Err(ConfigError::new(
-                    format!("policy.{}", tier.as_str()),
-                    "defer",
-                    "backpressure, drop or defer_or_drop: no defer sink is configured \
-                     (RuntimeBuilder::defer_sink)",
-                ));
-            }
-            _ => {}
-        }
-    }
-    if let (Some(defer), Some(dead_letter)) = (defer, dead_letter) {
-        // One sink object is one topic or queue: dead letters there would be drained back
-        // as deferred work and handled again, failing again, for ever.
-        if std::ptr::addr_eq(Arc::as_ptr(defer), Arc::as_ptr(dead_letter)) {
-            return Err(ConfigError::new(
-                "dead_letter_sink",
-                "the defer sink",
-                "a sink other than the defer sink (dead letters would be drained back as \
-                 deferred work)",
-            ));
-        }
-    }
-    Ok(())
 }

@@ -45,7 +45,7 @@ use std::sync::{Arc, Weak};
 use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::refusal::Refusal;
 use crate::runtime::settle::Freed;
-use crate::runtime::RuntimeConfig;
+use crate::runtime::{DeadLetterSink, DeferSink, RefusalPolicy, RuntimeConfig};
 use crate::{ConfigError, PerTier};
 
 /// The settings that cannot change while the runtime runs, with why: a reconfiguration that
@@ -185,7 +185,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
 
         // Phase 1: check everything, change nothing.
         config.validate()?;
-        super::builder::check_sinks(
+        check_sinks(
             &mut config,
             self.deferrals.sink.as_ref(),
             self.dead_letters.sink.as_ref(),
@@ -512,4 +512,43 @@ impl ConfigHandle {
             }
         }))
     }
+}
+
+/// What the configuration asks of the sinks, against the sinks there are: resolves
+/// `DeferOrDrop`, and refuses what cannot work.
+pub(crate) fn check_sinks<T>(
+    config: &mut RuntimeConfig,
+    defer: Option<&Arc<dyn DeferSink<T>>>,
+    dead_letter: Option<&Arc<dyn DeadLetterSink<T>>>,
+) -> Result<(), ConfigError> {
+    for tier in crate::Criticality::ALL {
+        match config.policy[tier] {
+            RefusalPolicy::DeferOrDrop if defer.is_some() => {
+                config.policy[tier] = RefusalPolicy::Defer;
+            }
+            RefusalPolicy::DeferOrDrop => config.policy[tier] = RefusalPolicy::Drop,
+            RefusalPolicy::Defer if defer.is_none() => {
+                return Err(ConfigError::new(
+                    format!("policy.{}", tier.as_str()),
+                    "defer",
+                    "backpressure, drop or defer_or_drop: no defer sink is configured \
+                     (RuntimeBuilder::defer_sink)",
+                ));
+            }
+            _ => {}
+        }
+    }
+    if let (Some(defer), Some(dead_letter)) = (defer, dead_letter) {
+        // One sink object is one topic or queue: dead letters there would be drained back
+        // as deferred work and handled again, failing again, for ever.
+        if std::ptr::addr_eq(Arc::as_ptr(defer), Arc::as_ptr(dead_letter)) {
+            return Err(ConfigError::new(
+                "dead_letter_sink",
+                "the defer sink",
+                "a sink other than the defer sink (dead letters would be drained back as \
+                 deferred work)",
+            ));
+        }
+    }
+    Ok(())
 }
