@@ -104,6 +104,92 @@ mod any_headers {
 
     proptest! {
         #![proptest_config(ProptestConfig {
+            cases: 256,
+            failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+                "proptest-regressions/hostile.txt",
+            ))),
+            ..ProptestConfig::default()
+        })]
+
+        /// The retry policy on any request and answer headers: never a panic, the attempt it
+        /// stamps is one more than the request had (never lower), it stops at `max_retries`
+        /// counting earlier attempts, never retries an expired request, and never waits
+        /// longer than the longest `Retry-After` or its own backoff cap.
+        #[test]
+        fn the_retry_policy_on_any_headers(
+            attempt in prop::option::of(value()),
+            status in prop::sample::select(vec![200u16, 429, 500, 503]),
+            answer in proptest::collection::vec((name_or_retry(), value()), 0..4),
+        ) {
+            use std::sync::Arc;
+            use tower::retry::budget::TpsBudget;
+            use tower::retry::Policy;
+            use triage::runtime::RetryConfig;
+            use triage_tower::RetryAfterPolicy;
+
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            let _guard = rt.enter();
+            let config = RetryConfig { max_retries: 3, base_backoff_ms: 10, max_backoff_ms: 50 };
+            let budget = Arc::new(TpsBudget::new(Duration::from_secs(10), 1_000, 1.0));
+            let mut policy = RetryAfterPolicy::new(config, budget);
+            let mut req = get("/");
+            if let Some(a) = &attempt {
+                req = req.header(wire::ATTEMPT, a.clone());
+            }
+            let mut req = req.body(()).unwrap();
+            let before = req
+                .headers()
+                .get(wire::ATTEMPT)
+                .and_then(|v| wire::parse_count(v.as_bytes()))
+                .unwrap_or(0);
+            let mut res = Response::builder().status(status);
+            for (n, v) in &answer {
+                res = res.header(*n, v.clone());
+            }
+            let mut result: Result<Response<()>, ()> = Ok(res.body(()).unwrap());
+            // The first triage-reason is the one a client reads.
+            let expired = answer
+                .iter()
+                .find(|(n, _)| *n == wire::REASON)
+                .is_some_and(|(_, v)| v.as_bytes() == b"expired");
+            let started = tokio::time::Instant::now();
+            match policy.retry(&mut req, &mut result) {
+                Some(sleep) => {
+                    prop_assert!(matches!(status, 429 | 503) || answer.iter().any(|(n, _)| *n == wire::GRPC_STATUS));
+                    prop_assert!(!expired);
+                    prop_assert!(before < 3, "max_retries counts earlier attempts");
+                    let stamped = wire::parse_count(req.headers()[wire::ATTEMPT].as_bytes());
+                    prop_assert_eq!(stamped, Some(before + 1));
+                    prop_assert_eq!(policy.attempt(), before + 1);
+                    let wait = sleep.deadline() - started;
+                    prop_assert!(wait <= wire::MAX_RETRY_AFTER.max(Duration::from_millis(50)));
+                }
+                None => {
+                    // A 503 or 429 is retried unless expired or out of retries (the budget
+                    // here never runs out).
+                    prop_assert!(before >= 3 || expired || !matches!(status, 429 | 503));
+                }
+            }
+        }
+    }
+
+    /// Response header names the retry policy reads, and others.
+    fn name_or_retry() -> impl Strategy<Value = &'static str> {
+        prop::sample::select(vec![
+            wire::RETRY_AFTER,
+            wire::GRPC_STATUS,
+            wire::GRPC_RETRY_PUSHBACK_MS,
+            wire::REASON,
+            "x-other",
+        ])
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
             cases: 512,
             failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
                 "proptest-regressions/hostile.txt",
