@@ -1,7 +1,9 @@
 //! A short form of `examples/overload`: the same run, seconds long, asserting the ledger
-//! balance and the ordering of goodput by tier. No wall-clock thresholds: only ratios of counts
-//! from the same run.
+//! balance and the ordering of goodput by tier. On tokio's paused clock, with the runtime's
+//! clock following it: the handlers' service time, the arrivals and the deadlines are virtual,
+//! so the run is the same however busy the machine is.
 
+mod common;
 #[path = "../examples/overload/src/sim.rs"]
 mod sim;
 
@@ -9,16 +11,14 @@ use std::time::Duration;
 
 use triage::Criticality;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn three_x_overload_keeps_critical_goodput_and_the_ledger_balanced() {
     // The example's runtime and mix, but shed tiers re-admitted after 150 ms instead of
     // 500 ms and Medium useful for 2 s instead of 250 ms: a refused message is deferred only
     // while a drain could be expected to bring it back before its deadline (`recover_ms` plus
     // the time shedding has lasted, and the time the backlog ahead takes to clear), so
     // Medium's refusals early in the overload are deferred (and, the overload lasting 3 s,
-    // mostly expire on their way back), and none of Sheddable's 100 ms window is. With 1 s,
-    // a slow run (two busy loops beside it: 2 failures in 4 runs) reached Medium's shed level
-    // only once the backlog already took longer than that to clear, and deferred nothing.
+    // mostly expire on their way back), and none of Sheddable's 100 ms window is.
     let mut base = triage::runtime::RuntimeConfig {
         workers: 8.try_into().unwrap(),
         poll_interval_ms: 1,
@@ -33,6 +33,7 @@ async fn three_x_overload_keeps_critical_goodput_and_the_ledger_balanced() {
         duration: Duration::from_secs(3),
         recovery: Duration::from_secs(2),
         base: Some(base),
+        clock: Some(common::following_tokio()),
         ..sim::Params::default()
     };
     let out = sim::run(&params).await;
@@ -52,9 +53,7 @@ async fn three_x_overload_keeps_critical_goodput_and_the_ledger_balanced() {
         out.max_alive,
         out.alive_bound
     );
-    // Goodput share is ordered by tier: Critical >= High >= Medium >= Sheddable, within one
-    // percentage point (when two tiers are both near 100% a single late message on a busy
-    // machine must not flip the order).
+    // Goodput share is ordered by tier: Critical >= High >= Medium >= Sheddable.
     let share = |c: Criticality| out.triage[c].goodput_share();
     let ladder = [
         Criticality::Critical,
@@ -64,7 +63,7 @@ async fn three_x_overload_keeps_critical_goodput_and_the_ledger_balanced() {
     ];
     for pair in ladder.windows(2) {
         assert!(
-            share(pair[0]) + 0.01 >= share(pair[1]),
+            share(pair[0]) >= share(pair[1]),
             "{} {:.3} < {} {:.3}",
             pair[0],
             share(pair[0]),
@@ -72,9 +71,15 @@ async fn three_x_overload_keeps_critical_goodput_and_the_ledger_balanced() {
             share(pair[1])
         );
     }
-    // Sheddable is what gives way, and Critical does better than under a plain FIFO.
+    // Sheddable is what gives way, and Critical does better than under a plain FIFO: at
+    // least 99.9% in time (the bar the proving ground holds it to at 3x).
     assert!(share(Criticality::Sheddable) < 0.5);
     assert!(share(Criticality::Critical) > out.fifo[Criticality::Critical].goodput_share());
+    assert!(
+        share(Criticality::Critical) >= 0.999,
+        "{}",
+        share(Criticality::Critical)
+    );
     // Recovery: once load falls, every tier is admitted again with no manual step. After that
     // the deferred work drained back may shed Sheddable for a moment (its cut-off is 20 ms of
     // queue age, and the drain pulls whenever workers are idle), never a tier above it.

@@ -8,7 +8,7 @@
 #![allow(dead_code)]
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use triage::ordering::OrderingMode;
@@ -53,6 +53,10 @@ pub struct Params {
     pub ordering: OrderingMode,
     /// Distinct keys in `Key` mode.
     pub keys: u64,
+    /// The clock the runtimes and the generator read (deadlines, completions, queue ages);
+    /// `None`: the system clock. A test on tokio's paused clock passes a mock that follows it,
+    /// so that the run is the same however busy the machine is.
+    pub clock: Option<Clock>,
 }
 
 impl Default for Params {
@@ -77,6 +81,7 @@ impl Default for Params {
             reload: None,
             ordering: OrderingMode::Unordered,
             keys: 1000,
+            clock: None,
         }
     }
 }
@@ -152,10 +157,11 @@ pub struct Outcome {
 /// Defers into a second in-memory broker, the "deferred topic", drained back when load falls.
 /// A copy keeps what the Kafka and RabbitMQ defer sinks write into its headers: its tier, its
 /// deferrals so far and its deadline, so a drained copy is served at its own tier, never
-/// deferred past `max_deferrals`, and expired at intake once its deadline has passed.
+/// deferred past `max_deferrals`, and expired at intake once its deadline has passed. The
+/// deadline is the message's own, on the run's clock: the header's wall-clock instant would
+/// differ from it by the microseconds between two reads of the system time.
 struct DeferToBroker {
     deferred: MemoryBroker<Msg>,
-    clock: Clock,
 }
 
 impl DeferSink<Msg> for DeferToBroker {
@@ -165,13 +171,7 @@ impl DeferSink<Msg> for DeferToBroker {
         info: &'a Republish,
     ) -> futures_util::future::BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {
-            // The wall-clock deadline back on the runtime's clock, as a source reads
-            // `triage-deadline-ms`: one already passed is due now (expired at intake).
-            let now = self.clock.now();
-            let deadline = info.deadline.map(|wall| {
-                wall.duration_since(SystemTime::now())
-                    .map_or(now, |ahead| now + ahead)
-            });
+            let deadline = info.deadline.map(|_| payload.deadline);
             self.deferred
                 .publish_copy(*payload, info.criticality, deadline, 0, info.deferrals);
             Ok(())
@@ -309,7 +309,7 @@ fn reload_on_sighup(_rt: &Runtime<Msg>, p: &Params) -> Option<()> {
 
 /// Measures messages/s with every worker busy.
 async fn measure_capacity(p: &Params) -> f64 {
-    let clock = Clock::new();
+    let clock = p.clock.clone().unwrap_or_default();
     let broker = MemoryBroker::new();
     // About one second of work; a no-op handler gets a fixed 100,000 messages.
     let n = if p.service.is_zero() {
@@ -377,7 +377,7 @@ fn diff_stats(rows: &mut PerTier<TierRow>, before: &RuntimeStats, after: &Runtim
 /// Runs capacity measurement, the overload phase, recovery, and the FIFO comparison.
 pub async fn run(p: &Params) -> Outcome {
     let capacity_per_s = measure_capacity(p).await;
-    let clock = Clock::new();
+    let clock = p.clock.clone().unwrap_or_default();
     let mut rng = fastrand::Rng::with_seed(7);
 
     // triage
@@ -388,7 +388,6 @@ pub async fn run(p: &Params) -> Outcome {
         .clock(clock.clone())
         .defer_sink(Arc::new(DeferToBroker {
             deferred: deferred.clone(),
-            clock: clock.clone(),
         }))
         .start(handler(clock.clone(), p.service, Arc::clone(&tally)))
         .expect("valid config");
@@ -412,6 +411,7 @@ pub async fn run(p: &Params) -> Outcome {
         let mut every = tokio::time::interval(Duration::from_millis(10));
         loop {
             tokio::select! {
+                biased;
                 () = &mut gen => break,
                 _ = every.tick() => {
                     let stats = rt.stats();
@@ -442,6 +442,7 @@ pub async fn run(p: &Params) -> Outcome {
         let mut every = tokio::time::interval(Duration::from_millis(100));
         loop {
             tokio::select! {
+                biased;
                 () = &mut gen => break,
                 _ = every.tick() => {
                     levels.push(rt.load().shed_tiers());
