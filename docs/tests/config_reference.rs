@@ -259,9 +259,10 @@ fn runtime_config() {
     };
     let mut optional = toml_leaves(&full, &rows);
     let gradient = RuntimeConfig {
-        limit: Some(LimitConfig::Gradient2(
-            Gradient2Config::default().with_queue_size(Some(4)),
-        )),
+        limit: Some(LimitConfig::Gradient2(Gradient2Config {
+            queue_size: Some(4),
+            ..Gradient2Config::default()
+        })),
         ..RuntimeConfig::default()
     };
     optional.extend(toml_leaves(&gradient, &rows));
