@@ -56,9 +56,9 @@ async fn a_held_message_that_cannot_finish_in_time_is_expired_not_served() {
     assert!(eventually(|| calls.lock().len() == 2).await);
     broker.publish(2, Criticality::Critical, None);
     assert!(eventually(|| rt.stats().queued == 1).await);
-    // 1 runs, 2 waits in the queue (capacity 1), 3 is held (and the intake pulls no more while
-    // it holds a Critical message: 4 waits in the broker). 3 has 600 ms left, less than a mean
-    // handler run: it cannot finish in time. 4 has a minute.
+    // 1 runs, 2 waits in the queue (capacity 1), 3 and 4 are pulled and held (the held buffer
+    // has room). 3 has 600 ms left, less than a mean handler run: it cannot finish in time, and
+    // is expired at its turn. 4 has a minute.
     let now = clock.now();
     broker.publish(
         3,
