@@ -12,6 +12,9 @@ export TRIAGE_REQUIRE_TOOLS=1
 tests/brokers/up.sh
 # Every test binary runs even after a failure, so one run shows every failing test.
 cargo test --workspace --all-features --no-fail-fast
+# The API documentation of every crate builds without a warning (broken intra-doc links, bad
+# code blocks, missing docs), as docs.rs would build it: the workspace's crates only.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features
 # The loom models of the waiter protocols (tests/loom_queue.rs), of the token buckets
 # (tests/loom_bucket.rs) and of the memory budget's counts (tests/loom_memory.rs) are opt-in:
 # `--cfg loom` rebuilds every dependency in a target directory of its own (about 10 minutes the
