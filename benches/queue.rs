@@ -1,11 +1,11 @@
 //! Queue benches, each against its baseline in the same run:
 //!
 //! - `push_pop/*`: one thread, push then pop, against crossbeam's `ArrayQueue`, a `VecDeque`,
-//!   and a naive `Mutex<[VecDeque; 4]>` priority queue; `*_batch32` does the same work with
-//!   `push_batch`/`pop_batch` of 32;
-//! - `mpmc/*`: 4 producers and 2 consumers moving 100,000 items through a bounded queue of
-//!   1,024, against a bounded crossbeam-channel, a bounded async-channel and tokio's bounded
-//!   mpsc (async consumers for the async ones); `triage_wfq_batch32` moves them in batches;
+//!   and a naive `Mutex<[VecDeque; 4]>` priority queue; `*_pop_batch32` pushes 32 items one
+//!   by one and takes them with one `pop_batch` of 32 (as the runtime's workers do);
+//! - `mpmc_async_4p_2c/*`: 4 producer tasks and 2 consumer tasks on 2 tokio workers moving
+//!   100,000 items through a bounded queue of 1,024, against a bounded async-channel and tokio's
+//!   bounded mpsc;
 //! - `refuse/*` and `evict/*`: the cost of the refuse paths (full, overloaded) and of an
 //!   eviction, in ns per push;
 //! - `runtime_refuse/*`: the runtime's whole admit-or-refuse decision (`Runtime::try_submit`),
@@ -15,15 +15,13 @@
 
 use std::collections::VecDeque;
 use std::hint::black_box;
-use std::sync::{Arc, Barrier, Mutex};
-use std::thread;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use std::sync::atomic::Ordering;
 use triage::admission::QueueAgeConfig;
 use triage::quanta::Clock;
-use triage::queue::{Dequeued, Meta, PopTimeoutError, WfqConfig, WfqQueue};
+use triage::queue::{Meta, PushError, WfqConfig, WfqQueue};
 use triage::runtime::{Ack, Envelope, Job, RefusalPolicy, Runtime, RuntimeConfig};
 use triage::{Criticality, PerTier};
 
@@ -55,26 +53,23 @@ fn push_pop(c: &mut Criterion) {
             black_box(q.try_pop().ok());
         })
     });
-    // The same work in batches of 32 (`push_batch` then `pop_batch`): the lock, the wake-up
-    // check and the clock read are paid once per batch. Time per item.
+    // Pops in batches of 32 (`pop_batch`), as the runtime's workers take them: the lock, the
+    // wake-up check and the clock read of a pop are paid once per batch. Time per item.
     let q = WfqQueue::new(WfqConfig::with_capacity(1024)).expect("valid config");
-    g.bench_function("triage_wfq_with_admission_batch32", |b| {
+    g.bench_function("triage_wfq_with_admission_pop_batch32", |b| {
         let mut i = 0u64;
-        let (mut removed, mut refused, mut out) = (Vec::new(), Vec::new(), Vec::new());
+        let mut out = Vec::new();
         b.iter_custom(|iters| {
             let start = Instant::now();
             let mut left = iters;
             while left > 0 {
                 let n = left.min(32);
                 left -= n;
-                let batch = (0..n).map(|k| {
+                for _ in 0..n {
                     i += 1;
-                    (
-                        black_box(i),
-                        Meta::new(Criticality::ALL[((i + k) & 3) as usize]),
-                    )
-                });
-                q.push_batch(batch, &mut removed, &mut refused);
+                    let tier = Criticality::ALL[(i & 3) as usize];
+                    let _ = q.push(black_box(i), Meta::new(tier));
+                }
                 let _ = q.pop_batch(32, &mut out);
                 black_box(out.drain(..).count());
             }
@@ -118,197 +113,7 @@ const MPMC_ITEMS: u64 = 100_000;
 const PRODUCERS: u64 = 4;
 const CONSUMERS: u64 = 2;
 
-/// Runs 4 producer and 2 consumer threads; returns the time from start to the last item.
-fn run_threads(
-    produce: impl Fn(u64) + Send + Sync + 'static,
-    consume: impl Fn() -> u64 + Send + Sync + 'static,
-) -> Duration {
-    let produce = Arc::new(produce);
-    let consume = Arc::new(consume);
-    let barrier = Arc::new(Barrier::new((PRODUCERS + CONSUMERS + 1) as usize));
-    let mut hs = Vec::new();
-    for p in 0..PRODUCERS {
-        let (produce, barrier) = (Arc::clone(&produce), Arc::clone(&barrier));
-        hs.push(thread::spawn(move || {
-            barrier.wait();
-            for i in 0..MPMC_ITEMS / PRODUCERS {
-                produce(p * MPMC_ITEMS + i);
-            }
-            0
-        }));
-    }
-    for _ in 0..CONSUMERS {
-        let (consume, barrier) = (Arc::clone(&consume), Arc::clone(&barrier));
-        hs.push(thread::spawn(move || {
-            barrier.wait();
-            let mut n = 0;
-            for _ in 0..MPMC_ITEMS / CONSUMERS {
-                n += consume();
-            }
-            n
-        }));
-    }
-    barrier.wait();
-    let start = Instant::now();
-    let total: u64 = hs.into_iter().map(|h| h.join().expect("no panic")).sum();
-    assert_eq!(total, MPMC_ITEMS);
-    start.elapsed()
-}
-
 fn mpmc(c: &mut Criterion) {
-    let mut g = c.benchmark_group("mpmc_4p_2c");
-    g.throughput(Throughput::Elements(MPMC_ITEMS));
-    g.sample_size(10);
-    g.bench_function("triage_wfq", |b| {
-        b.iter_custom(|iters| {
-            (0..iters)
-                .map(|_| {
-                    let q = Arc::new(wfq(1024));
-                    let (qp, qc) = (Arc::clone(&q), q);
-                    run_threads(
-                        move |i| {
-                            // Producers block on a full queue, as a bounded channel's send
-                            // does, and push evicted items again: every item must arrive, as
-                            // through a channel. A count-bounded push evicts at most one item.
-                            let mut next = (i, Criticality::ALL[(i & 3) as usize]);
-                            loop {
-                                let pushed = qp.push_timeout(
-                                    next.0,
-                                    Meta::new(next.1),
-                                    Duration::from_secs(10),
-                                );
-                                match pushed {
-                                    Ok(mut evicted) => match evicted.next() {
-                                        Some(e) => next = (e.into_inner(), Criticality::Sheddable),
-                                        None => break,
-                                    },
-                                    Err(e) => panic!("push refused: {e}"),
-                                }
-                            }
-                        },
-                        move || match qc.pop_timeout(Duration::from_secs(10)) {
-                            Ok(Dequeued::Ready(_)) => 1,
-                            _ => 0,
-                        },
-                    )
-                })
-                .sum()
-        })
-    });
-    g.bench_function("triage_wfq_batch32", |b| {
-        // The same items in batches of 32: producers `push_batch` and hand refused items
-        // (full) to the next batch after yielding; consumers `pop_batch` and block in
-        // `pop_timeout` only when nothing is queued.
-        b.iter_custom(|iters| {
-            (0..iters)
-                .map(|_| {
-                    let q = Arc::new(wfq(1024));
-                    let qc = Arc::clone(&q);
-                    let served = Arc::new(std::sync::atomic::AtomicU64::new(0));
-                    let done = Arc::clone(&served);
-                    let barrier = Arc::new(Barrier::new((PRODUCERS + CONSUMERS + 1) as usize));
-                    let mut hs = Vec::new();
-                    for p in 0..PRODUCERS {
-                        let (q, barrier) = (Arc::clone(&q), Arc::clone(&barrier));
-                        hs.push(thread::spawn(move || {
-                            barrier.wait();
-                            let (mut removed, mut refused) = (Vec::new(), Vec::new());
-                            let mut pending: Vec<(u64, Criticality)> = Vec::new();
-                            let mut next = 0;
-                            let per = MPMC_ITEMS / PRODUCERS;
-                            while next < per || !pending.is_empty() {
-                                while pending.len() < 32 && next < per {
-                                    let i = p * MPMC_ITEMS + next;
-                                    pending.push((i, Criticality::ALL[(i & 3) as usize]));
-                                    next += 1;
-                                }
-                                q.push_batch(
-                                    pending.drain(..).map(|(i, t)| (i, Meta::new(t))),
-                                    &mut removed,
-                                    &mut refused,
-                                );
-                                pending.extend(
-                                    removed
-                                        .drain(..)
-                                        .map(|r| (r.into_inner(), Criticality::Sheddable)),
-                                );
-                                if !refused.is_empty() {
-                                    pending.extend(
-                                        refused
-                                            .drain(..)
-                                            .map(|e| (e.into_inner(), Criticality::Sheddable)),
-                                    );
-                                    thread::yield_now();
-                                }
-                            }
-                        }));
-                    }
-                    for _ in 0..CONSUMERS {
-                        let (q, barrier, served) =
-                            (Arc::clone(&qc), Arc::clone(&barrier), Arc::clone(&served));
-                        hs.push(thread::spawn(move || {
-                            barrier.wait();
-                            let mut out = Vec::new();
-                            loop {
-                                match q.pop_batch(32, &mut out) {
-                                    Ok(n) => {
-                                        out.clear();
-                                        served.fetch_add(n as u64, Ordering::Relaxed);
-                                    }
-                                    Err(_) => match q.pop_timeout(Duration::from_millis(1)) {
-                                        Ok(_) => {
-                                            served.fetch_add(1, Ordering::Relaxed);
-                                        }
-                                        Err(PopTimeoutError::Closed) => return,
-                                        Err(_) => {}
-                                    },
-                                }
-                            }
-                        }));
-                    }
-                    barrier.wait();
-                    let start = Instant::now();
-                    while done.load(Ordering::Relaxed) < MPMC_ITEMS {
-                        thread::yield_now();
-                    }
-                    let elapsed = start.elapsed();
-                    let _ = qc.close();
-                    for h in hs {
-                        h.join().expect("no panic");
-                    }
-                    elapsed
-                })
-                .sum()
-        })
-    });
-    g.bench_function("crossbeam_channel", |b| {
-        b.iter_custom(|iters| {
-            (0..iters)
-                .map(|_| {
-                    let (tx, rx) = crossbeam_channel::bounded(1024);
-                    run_threads(
-                        move |i| tx.send(i).expect("open"),
-                        move || rx.recv().map(|_| 1).unwrap_or(0),
-                    )
-                })
-                .sum()
-        })
-    });
-    g.bench_function("async_channel_blocking", |b| {
-        b.iter_custom(|iters| {
-            (0..iters)
-                .map(|_| {
-                    let (tx, rx) = async_channel::bounded(1024);
-                    run_threads(
-                        move |i| tx.send_blocking(i).expect("open"),
-                        move || rx.recv_blocking().map(|_| 1).unwrap_or(0),
-                    )
-                })
-                .sum()
-        })
-    });
-    g.finish();
-
     // Async consumers: 4 producer tasks, 2 consumer tasks on a 2-thread tokio runtime.
     let mut g = c.benchmark_group("mpmc_async_4p_2c");
     g.throughput(Throughput::Elements(MPMC_ITEMS));
@@ -326,13 +131,20 @@ fn mpmc(c: &mut Criterion) {
                 let q = Arc::clone(&q);
                 hs.push(tokio::spawn(async move {
                     for i in 0..MPMC_ITEMS / PRODUCERS {
+                        // A push never waits: an item refused as full is offered again after a
+                        // yield (a pop is what makes room), and an evicted item is pushed again,
+                        // so that every item arrives, as through a channel.
                         let mut next = (p * MPMC_ITEMS + i, Criticality::ALL[(i & 3) as usize]);
                         loop {
-                            match q.push_wait(next.0, Meta::new(next.1)).await {
+                            match q.push(next.0, Meta::new(next.1)) {
                                 Ok(mut evicted) => match evicted.next() {
                                     Some(e) => next = (e.into_inner(), Criticality::Sheddable),
                                     None => break,
                                 },
+                                Err(PushError::Full(item)) => {
+                                    next.0 = item;
+                                    tokio::task::yield_now().await;
+                                }
                                 Err(e) => panic!("push refused: {e}"),
                             }
                         }

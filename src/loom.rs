@@ -1,5 +1,5 @@
 //! The synchronisation primitives of the hand-written waiter protocols (the queue's
-//! `waiters`/`full_waiters` counts beside its lock, the concurrency limit's per-tier waiter
+//! `waiters` count beside its lock, the concurrency limit's per-tier waiter
 //! counts beside its in-flight count), of the token buckets' timestamp and of the memory
 //! budget's byte counts, swapped for loom's models under `cfg(loom)` so that
 //! `tests/loom_queue.rs`, `tests/loom_bucket.rs` and `tests/loom_memory.rs` explore every

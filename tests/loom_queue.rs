@@ -1,6 +1,6 @@
-//! Loom models of the hand-written waiter protocols: the queue's (a consumer or a blocked
-//! producer counts itself, listens, checks once more under the lock; a push or pop notifies
-//! only when someone is counted) and the concurrency limit's (a waiter counts itself per tier;
+//! Loom models of the hand-written waiter protocols: the queue's (a consumer counts itself,
+//! listens, checks once more under the lock; a push, or a pop that leaves items, notifies only
+//! when someone is counted; `src/queue/wfq/waiting.rs`) and the concurrency limit's (a waiter counts itself per tier;
 //! a release, or a live `set_shares`/`set_algorithm` that makes room, wakes one waiter per
 //! slot it frees); and a model of the runtime's hand-over of a source from its intake to the
 //! workers that pull for it. Loom runs every interleaving of the atomics, the lock and
@@ -13,14 +13,12 @@
 //! Built only under `cfg(loom)` (see `src/loom.rs`); the normal suite skips this file.
 #![cfg(loom)]
 
-use std::time::Duration;
-
 use loom::sync::Arc;
 use loom::thread;
 use triage::admission::QueueAgeConfig;
 use triage::limit::{ConcurrencyLimit, Fixed, TierShares};
 use triage::quanta::Clock;
-use triage::queue::{Meta, PopTimeoutError, PushError, WfqConfig, WfqQueue};
+use triage::queue::{Closed, Meta, WfqConfig, WfqQueue};
 use triage::Criticality;
 
 fn queue(capacity: usize) -> WfqQueue<u32> {
@@ -38,48 +36,35 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
     builder.check(f);
 }
 
-/// Blocks the thread with no timeout (a timed wait is outside loom's model).
-fn pop_blocking(q: &WfqQueue<u32>) -> Result<u32, PopTimeoutError> {
-    q.pop_timeout(Duration::MAX)
-        .map(|d| d.into_entry().into_inner())
+/// Waits in the async pop on a loom thread.
+fn pop_waiting(q: &WfqQueue<u32>) -> Result<u32, Closed> {
+    loom::future::block_on(q.pop()).map(|d| d.into_entry().into_inner())
 }
 
 #[test]
-fn a_push_wakes_a_blocked_consumer() {
+fn a_push_wakes_a_waiting_consumer() {
     model(|| {
         let q = Arc::new(queue(4));
         let consumer = {
             let q = Arc::clone(&q);
-            thread::spawn(move || pop_blocking(&q))
+            thread::spawn(move || pop_waiting(&q))
         };
         assert!(q.push(7, Meta::new(Criticality::High)).unwrap().is_empty());
         assert_eq!(consumer.join().unwrap(), Ok(7));
     });
 }
 
+/// A push wakes one consumer at a time; the second consumer is reached through the first,
+/// whose pop leaves an item (`wake_next`), or by the second push if the first was already
+/// back.
 #[test]
-fn a_push_wakes_an_async_consumer() {
-    model(|| {
-        let q = Arc::new(queue(4));
-        let consumer = {
-            let q = Arc::clone(&q);
-            thread::spawn(move || {
-                loom::future::block_on(q.pop()).map(|d| d.into_entry().into_inner())
-            })
-        };
-        assert!(q.push(7, Meta::new(Criticality::High)).unwrap().is_empty());
-        assert_eq!(consumer.join().unwrap(), Ok(7));
-    });
-}
-
-#[test]
-fn two_pushes_reach_two_blocked_consumers() {
+fn two_pushes_reach_two_waiting_consumers() {
     model(|| {
         let q = Arc::new(queue(4));
         let consumers: Vec<_> = (0..2)
             .map(|_| {
                 let q = Arc::clone(&q);
-                thread::spawn(move || pop_blocking(&q))
+                thread::spawn(move || pop_waiting(&q))
             })
             .collect();
         for i in 0..2 {
@@ -94,39 +79,27 @@ fn two_pushes_reach_two_blocked_consumers() {
     });
 }
 
+/// `close` racing a push wakes the waiting consumer, and the item is handed out exactly once:
+/// served to the consumer, or back from `close`.
 #[test]
-fn a_pop_wakes_a_producer_blocked_on_a_full_queue() {
+fn close_racing_a_push_wakes_the_consumer_and_hands_the_item_out_once() {
     model(|| {
-        let q = Arc::new(queue(1));
-        assert!(q.push(1, Meta::new(Criticality::High)).unwrap().is_empty());
+        let q = Arc::new(queue(4));
+        let consumer = {
+            let q = Arc::clone(&q);
+            thread::spawn(move || pop_waiting(&q))
+        };
         let producer = {
             let q = Arc::clone(&q);
-            thread::spawn(move || {
-                q.push_timeout(2, Meta::new(Criticality::High), Duration::MAX)
-                    .map(|e| e.is_empty())
-            })
+            thread::spawn(move || q.push(7, Meta::new(Criticality::High)).is_ok())
         };
-        assert_eq!(pop_blocking(&q), Ok(1));
-        assert!(matches!(producer.join().unwrap(), Ok(true)));
-        assert_eq!(pop_blocking(&q), Ok(2));
-    });
-}
-
-#[test]
-fn close_wakes_a_blocked_consumer_and_a_blocked_producer() {
-    model(|| {
-        let q = Arc::new(queue(1));
-        assert!(q.push(1, Meta::new(Criticality::High)).unwrap().is_empty());
-        let producer = {
-            let q = Arc::clone(&q);
-            thread::spawn(move || q.push_timeout(2, Meta::new(Criticality::High), Duration::MAX))
-        };
-        let left = q.close();
-        let producer = producer.join().unwrap();
-        // Either the producer saw the room of nothing (closed) or got in before the close.
-        assert!(matches!(producer, Err(PushError::Closed(2))));
-        assert_eq!(left.len(), 1);
-        assert_eq!(pop_blocking(&q), Err(PopTimeoutError::Closed));
+        let left: Vec<u32> = q.close().into_iter().map(|e| e.into_inner()).collect();
+        let pushed = producer.join().unwrap();
+        let served = consumer.join().unwrap();
+        let mut out: Vec<u32> = left;
+        out.extend(served.ok());
+        assert_eq!(out, if pushed { vec![7] } else { vec![] });
+        assert_eq!(pop_waiting(&q), Err(Closed));
     });
 }
 

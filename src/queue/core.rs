@@ -7,13 +7,15 @@ use std::time::Duration;
 
 use quanta::Instant;
 
-use super::hand_back::{Scan, TierHandBacks};
 use super::scheduler::Stride;
 use super::time::DEADLINE_WINDOW;
 use super::{
     Dequeued, Entry, Evictions, Meta, PushError, QueueStats, RefuseReason, Removed, TierStats,
 };
 use crate::Criticality;
+use hand_back::TierHandBacks;
+
+mod hand_back;
 
 /// The fields every push or pop touches come first, in declaration order (`repr(C)`), so that
 /// an operation touches few cache lines: with producers and consumers on different cores each
@@ -527,63 +529,6 @@ impl<T> Core<T> {
             }
         }
         out
-    }
-
-    /// Reads each item's hand-back instant with `of` from now on (see
-    /// [`WfqQueue::track_hand_backs`](super::WfqQueue::track_hand_backs)); the bounds of the
-    /// items already held are computed once, by a scan.
-    pub(crate) fn track_hand_backs(&mut self, of: fn(&T) -> Option<Instant>) {
-        self.hand_back_of = Some(of);
-        for rank in 0..self.tiers.len() {
-            let mut scan = Scan::default();
-            for e in &self.tiers[rank] {
-                scan.visit(of(&e.item));
-            }
-            self.hand_backs[rank] = TierHandBacks::rescanned(scan);
-        }
-    }
-
-    /// Takes out every item whose hand-back instant is at or before `now` into `out`, most
-    /// critical tier first and oldest first within a tier, counted as drained: the heads
-    /// while they are due, and a tier's other items only when one of its stragglers may be
-    /// (see `hand_back.rs`). Nothing without [`track_hand_backs`](Self::track_hand_backs).
-    pub(crate) fn take_due(&mut self, now: Instant, out: &mut Vec<Entry<T>>) {
-        let Some(of) = self.hand_back_of else {
-            return;
-        };
-        let due = |e: &Entry<T>| of(&e.item).is_some_and(|h| h <= now);
-        for rank in (0..self.tiers.len()).rev() {
-            while self.tiers[rank].front().is_some_and(due) {
-                let Some(e) = self.tiers[rank].pop_front() else {
-                    break;
-                };
-                self.take_out(rank, &e);
-                self.stats[rank].drained += 1;
-                out.push(e);
-            }
-            if self.hand_backs[rank].stragglers_due(now) {
-                let mut scan = Scan::default();
-                for _ in 0..self.tiers[rank].len() {
-                    let Some(e) = self.tiers[rank].pop_front() else {
-                        break;
-                    };
-                    let h = of(&e.item);
-                    if h.is_some_and(|h| h <= now) {
-                        self.take_out(rank, &e);
-                        self.stats[rank].drained += 1;
-                        out.push(e);
-                    } else {
-                        scan.visit(h);
-                        self.tiers[rank].push_back(e);
-                    }
-                }
-                self.hand_backs[rank] = TierHandBacks::rescanned(scan);
-            }
-            if self.tiers[rank].is_empty() {
-                self.backlog &= !(1 << rank);
-                self.hand_backs[rank] = TierHandBacks::default();
-            }
-        }
     }
 
     /// Closes the queue and hands back everything it holds, most critical first, oldest first.

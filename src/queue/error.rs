@@ -155,24 +155,3 @@ impl fmt::Display for Closed {
 }
 
 impl std::error::Error for Closed {}
-
-/// Why [`WfqQueue::pop_timeout`](crate::queue::WfqQueue::pop_timeout) returned nothing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum PopTimeoutError {
-    /// Nothing arrived before the timeout.
-    Timeout,
-    /// The queue is closed.
-    Closed,
-}
-
-impl fmt::Display for PopTimeoutError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            PopTimeoutError::Timeout => "timed out waiting on an empty queue",
-            PopTimeoutError::Closed => "queue is closed",
-        })
-    }
-}
-
-impl std::error::Error for PopTimeoutError {}

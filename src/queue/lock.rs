@@ -25,12 +25,12 @@
 //! next to find it free takes it, so a waiter may lose a few rounds in a row); a waiter burns
 //! its time slices yielding rather than sleeping while a holder is descheduled; and one that
 //! reaches the naps wakes up to [`NAP`] after the lock was released instead of at once. None
-//! shows with critical sections this short; the queue's waiters for items or room park on
+//! shows with critical sections this short; the queue's waiters for items park on
 //! their own events, not on this lock.
 //!
 //! The release/acquire pair orders every critical section after the previous one, as a
-//! mutex does, which is all the queue's waiter protocol asks of its lock (see `waiters` in
-//! `wfq.rs`). Under `cfg(loom)` the flag is loom's atomic, the value sits in loom's
+//! mutex does, which is all the queue's waiter protocol asks of its lock (see
+//! `wfq/waiting.rs`). Under `cfg(loom)` the flag is loom's atomic, the value sits in loom's
 //! `UnsafeCell` (so a critical section that another could overlap is reported as a data
 //! race), and a waiter sleeps on a condition variable instead of spinning (loom cannot
 //! bound a spin loop's interleavings): `tests/loom_queue.rs` runs the queue's models over

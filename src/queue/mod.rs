@@ -25,6 +25,29 @@
 //!   to its tier's share.
 //! - **Admit by queue age** before taking the lock (see [`crate::admission`]).
 //!
+//! # The ways in and out, and why these
+//!
+//! - [`WfqQueue::push`] is the one way in, and it never waits: a full queue evicts below the
+//!   item or hands it back in the error, at once. [`WfqQueue::push_admitted`] is the same push
+//!   without the queue-age check, for a caller that admits by a signal of its own (a
+//!   pull-based consumer, see [`PullAdmission`](crate::admission::PullAdmission)).
+//! - [`WfqQueue::try_pop`] returns at once: for a consumer with its own way to wait (the HTTP
+//!   entry's waiters, a poll loop) and for tests. [`WfqQueue::try_pop_masked`] serves only some
+//!   tiers, to give each tier a share of a concurrency limit.
+//! - [`WfqQueue::pop_batch`] and [`WfqQueue::pop_batch_masked`] take up to `max` items under
+//!   one lock and one clock read: the runtime's workers take their work this way.
+//! - [`WfqQueue::pop`] waits (async) for an item: the consumer a user of the queue on its own
+//!   writes first. It is cancel safe, so a timeout is `tokio::time::timeout` around it, and a
+//!   thread outside any runtime waits on it with an executor's `block_on`.
+//!
+//! There is no push that waits for room: what to do with an item a full queue refuses (shed
+//! it, defer it, or hold it and offer it again once a pop has made room, as the runtime does
+//! for a tier under backpressure) is the caller's policy, and a push that waited would take
+//! that decision for it, holding the item inside a future that loses it when dropped. There
+//! are no forms that park a thread, and no batch push: nothing in the crate or its connectors
+//! needs them, and each would add a waiting protocol (producers waiting for room, threads
+//! parked for an item) whose wake-ups must be proved exact like the one above.
+//!
 //! # Time
 //!
 //! Items are stamped and deadlines compared with quanta's *recent* time (refreshed every
@@ -50,8 +73,8 @@
 //!   store published after it, not a locked add); the stride pick visits set bits only, and
 //!   none when one tier is a candidate; an item of size 0 touches no byte counter;
 //! - the precise clock is read only near a deadline (above);
-//! - [`WfqQueue::push_batch`] and [`WfqQueue::pop_batch_masked`] pay the lock, the wake-up
-//!   check and the clock read once per batch;
+//! - [`WfqQueue::pop_batch_masked`] pays the lock, the wake-up check and the clock read once
+//!   per batch;
 //! - an [`Entry`] is held flat, not with a [`Meta`] inside it: copying a nested `Meta` in
 //!   16-byte pieces straddles the narrower stores that have just written it, and a pop's copy
 //!   then waits for the push's stores to retire (`entry.rs`).
@@ -68,9 +91,8 @@
 //!
 //! What it still gives up: threads on few cores serialise on the one lock, where a lock-free
 //! channel's producers and consumers touch different cache lines, and a holder descheduled
-//! inside its critical section holds everyone up. Blocking pushes and pops spin, then yield,
-//! before they park, as crossbeam-channel does, and async ones yield to the executor once
-//! before they register to sleep. Four lock-free rings (one per tier) with an atomic total
+//! inside its critical section holds everyone up. A waiting pop yields to the executor once
+//! before it registers to sleep. Four lock-free rings (one per tier) with an atomic total
 //! would be faster alone but cannot take the newest item off a ring's tail, so they would give
 //! up eviction of the newest item (and the expiry scan) or need a lock for them anyway; the
 //! stride scheduler's passes would also need a lock or a compare-and-swap loop of their own,
@@ -85,15 +107,14 @@
 //! tiers (`WfqQueue::requeue`). The intake may have filled the room the batch left meanwhile,
 //! so the queue takes back only what fits under the count bound and the byte budget, the
 //! batch's last pops first (so the stride charges it refunds are the latest ones), and the
-//! worker keeps the rest, in order, and serves them after its current call. It used to put
-//! them all back regardless, up to 31 items over capacity.
+//! worker keeps the rest, in order, and serves them after its current call.
 
 mod config;
 mod core;
 mod entry;
 mod error;
-mod hand_back;
 mod lock;
+mod mask;
 mod scheduler;
 mod stats;
 pub(crate) mod time;
@@ -101,6 +122,7 @@ mod wfq;
 
 pub use config::{Weight, WeightError, WfqConfig, MAX_CAPACITY, MAX_WEIGHT};
 pub use entry::{Dequeued, Entry, Evictions, Meta, Removed};
-pub use error::{Closed, PopTimeoutError, PushError, RefuseReason, TryPopError};
+pub use error::{Closed, PushError, RefuseReason, TryPopError};
+pub use mask::TierMask;
 pub use stats::{QueueStats, TierStats};
-pub use wfq::{TierMask, WfqQueue};
+pub use wfq::WfqQueue;

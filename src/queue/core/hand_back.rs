@@ -1,6 +1,6 @@
 //! What a tier knows of its items' hand-back instants: enough for
-//! [`WfqQueue::take_due`](super::WfqQueue::take_due) to find every item due without visiting
-//! the items that are not, in the usual case.
+//! [`WfqQueue::take_due`](crate::queue::WfqQueue::take_due) to find every item due without
+//! visiting the items that are not, in the usual case.
 //!
 //! # Why not only the heads
 //!
@@ -31,6 +31,9 @@
 //! it only removes items from ahead of others; the bounds then may be stale but stay bounds.
 
 use quanta::Instant;
+
+use super::Core;
+use crate::queue::Entry;
 
 /// An upper bound of the hand-back instants in a tier.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -134,6 +137,65 @@ impl Scan {
             }
         }
         self.running.raise(h);
+    }
+}
+
+impl<T> Core<T> {
+    /// Reads each item's hand-back instant with `of` from now on (see
+    /// [`WfqQueue::track_hand_backs`](crate::queue::WfqQueue::track_hand_backs)); the bounds
+    /// of the items already held are computed once, by a scan.
+    pub(crate) fn track_hand_backs(&mut self, of: fn(&T) -> Option<Instant>) {
+        self.hand_back_of = Some(of);
+        for rank in 0..self.tiers.len() {
+            let mut scan = Scan::default();
+            for e in &self.tiers[rank] {
+                scan.visit(of(&e.item));
+            }
+            self.hand_backs[rank] = TierHandBacks::rescanned(scan);
+        }
+    }
+
+    /// Takes out every item whose hand-back instant is at or before `now` into `out`, most
+    /// critical tier first and oldest first within a tier, counted as drained: the heads
+    /// while they are due, and a tier's other items only when one of its stragglers may be
+    /// (see the module docs). Nothing without [`track_hand_backs`](Self::track_hand_backs).
+    pub(crate) fn take_due(&mut self, now: Instant, out: &mut Vec<Entry<T>>) {
+        let Some(of) = self.hand_back_of else {
+            return;
+        };
+        let due = |e: &Entry<T>| of(&e.item).is_some_and(|h| h <= now);
+        for rank in (0..self.tiers.len()).rev() {
+            while self.tiers[rank].front().is_some_and(due) {
+                let Some(e) = self.tiers[rank].pop_front() else {
+                    break;
+                };
+                self.take_out(rank, &e);
+                self.stats[rank].drained += 1;
+                out.push(e);
+            }
+            if self.hand_backs[rank].stragglers_due(now) {
+                let mut scan = Scan::default();
+                for _ in 0..self.tiers[rank].len() {
+                    let Some(e) = self.tiers[rank].pop_front() else {
+                        break;
+                    };
+                    let h = of(&e.item);
+                    if h.is_some_and(|h| h <= now) {
+                        self.take_out(rank, &e);
+                        self.stats[rank].drained += 1;
+                        out.push(e);
+                    } else {
+                        scan.visit(h);
+                        self.tiers[rank].push_back(e);
+                    }
+                }
+                self.hand_backs[rank] = TierHandBacks::rescanned(scan);
+            }
+            if self.tiers[rank].is_empty() {
+                self.backlog &= !(1 << rank);
+                self.hand_backs[rank] = TierHandBacks::default();
+            }
+        }
     }
 }
 
