@@ -159,20 +159,17 @@ pub fn parse_criticality(value: &[u8]) -> Result<Criticality, ParseCriticalityEr
 }
 
 /// Parses a non-negative decimal count ([`ATTEMPT`], [`DEFERRALS`]): `None` when the value is
-/// not a decimal number that fits `u32` (a count that large is corrupt, not real).
+/// not a decimal number (empty, signed, non-digits). A number above `u32::MAX`, however many
+/// digits, saturates to `u32::MAX`: it is at least that many retries, so it must demote at
+/// least as far as the largest count does, never read as a first attempt.
 pub fn parse_count(value: &[u8]) -> Option<u32> {
     let digits = value.trim_ascii();
-    if digits.is_empty() || digits.len() > 10 {
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    let mut n: u64 = 0;
-    for &b in digits {
-        if !b.is_ascii_digit() {
-            return None;
-        }
-        n = n * 10 + u64::from(b - b'0');
-    }
-    u32::try_from(n).ok()
+    Some(digits.iter().fold(0u32, |n, &b| {
+        n.saturating_mul(10).saturating_add(u32::from(b - b'0'))
+    }))
 }
 
 /// Parses a [`DEADLINE_MS`] value (decimal Unix milliseconds, non-negative) into wall-clock
@@ -355,7 +352,10 @@ mod tests {
         assert_eq!(parse_count(b"0"), Some(0));
         assert_eq!(parse_count(b" 42\t"), Some(42));
         assert_eq!(parse_count(b"4294967295"), Some(u32::MAX));
-        assert_eq!(parse_count(b"4294967296"), None);
+        assert_eq!(parse_count(b"4294967296"), Some(u32::MAX));
+        assert_eq!(parse_count(b"18446744073709551615"), Some(u32::MAX));
+        assert_eq!(parse_count("9".repeat(40).as_bytes()), Some(u32::MAX));
+        assert_eq!(parse_count(b"0000000000003"), Some(3));
         assert_eq!(parse_count(b"-1"), None);
         assert_eq!(parse_count(b""), None);
         assert_eq!(parse_count(b"1e3"), None);
@@ -462,6 +462,22 @@ mod tests {
                     prop_assert!(wait <= MAX_RETRY_AFTER);
                 }
                 let _ = parse_grpc_timeout(&value);
+            }
+
+            /// A larger decimal count never parses to a smaller one: a count too large for
+            /// `u32` saturates instead of reading as "no count" (a first attempt).
+            #[test]
+            fn counts_are_monotonic(a in "[0-9]{1,30}", b in "[0-9]{1,30}") {
+                let (pa, pb) = (parse_count(a.as_bytes()), parse_count(b.as_bytes()));
+                prop_assert!(pa.is_some() && pb.is_some());
+                let value = |s: &str| s.trim_start_matches('0').to_owned();
+                let (va, vb) = (value(&a), value(&b));
+                // Compare the numbers exactly, as digit strings without leading zeros.
+                if (va.len(), &va) <= (vb.len(), &vb) {
+                    prop_assert!(pa <= pb, "{} -> {:?} but {} -> {:?}", a, pa, b, pb);
+                } else {
+                    prop_assert!(pa >= pb, "{} -> {:?} but {} -> {:?}", a, pa, b, pb);
+                }
             }
 
             /// A deadline from any header, on a clock at any reading, is an instant at or after

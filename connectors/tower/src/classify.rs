@@ -304,6 +304,15 @@ mod tests {
             c.classify(&h, Criticality::Critical),
             (Criticality::Critical, Criticality::Medium, false)
         );
+        // More retries than a u32 holds are still retries: demoted to the floor.
+        for many in ["255", "4294967296", "18446744073709551615", &"9".repeat(30)] {
+            let h = head(http::Request::get("/").header(wire::ATTEMPT, many));
+            assert_eq!(
+                c.classify(&h, Criticality::Critical).1,
+                Criticality::Sheddable,
+                "{many}"
+            );
+        }
     }
 
     #[test]
