@@ -40,7 +40,7 @@ use triage::admission::{BorrowChain, BucketConfig, BucketsConfig, QueueAgeConfig
 use triage::queue::WfqConfig;
 use triage::runtime::{HandlerError, Job, MemoryBroker, Runtime, RuntimeConfig};
 use triage::{wire, Criticality, PerTier};
-use triage_tower::{Classifier, RateGate, RefusalReason, TriageConfig, TriageLayer};
+use triage_tower::{Classifier, RateGate, Refusal, RefusalReason, TriageConfig, TriageLayer};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -56,10 +56,10 @@ struct Args {
     service_ms: u64,
     /// Concurrency slots shared by HTTP requests and background jobs (the runtime's workers
     /// and its fixed limit). Capacity is about capacity x 1000 / service_ms requests/s.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = at_least_one)]
     capacity: usize,
     /// Entry queue bound, in requests.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = at_least_one)]
     queue: usize,
     /// Background (Sheddable) messages published into the runtime per second; 0 for none.
     #[arg(long, default_value_t = 0)]
@@ -72,7 +72,7 @@ struct Args {
     no_queue_age: bool,
     /// Sheddable requests admitted per second by the rate gate (burst: one second's worth);
     /// beyond it they are answered 429 with a Retry-After. 0: no rate gate.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, value_parser = rate)]
     sheddable_rate: f64,
     /// Also serve `/metrics` and `/healthz` on this address, a listener of their own outside
     /// the service (the service's own `/metrics` route is never shed either).
@@ -102,7 +102,23 @@ fn parse_args<A: Parser>() -> A {
     })
 }
 
-/// Time from entry to answer, microseconds, per tier (as labelled by the caller) and outcome:
+/// A count flag that must be at least 1 (`--capacity`, `--queue`).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("must be a whole number from 1 to {}", usize::MAX)),
+    }
+}
+
+/// A rate flag (`--sheddable-rate`): a finite number of requests per second, 0 or more.
+fn rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if r.is_finite() && r >= 0.0 => Ok(r),
+        _ => Err("must be a finite number of requests per second, 0 or more".into()),
+    }
+}
+
+/// Time from entry to answer, microseconds, per tier (as served, after demotion) and outcome:
 /// served, or refused by reason (in `RefusalReason::ALL` order, read from `triage-reason`).
 #[derive(Default)]
 struct Timings {
@@ -110,13 +126,14 @@ struct Timings {
     refused: PerTier<[Vec<u32>; 4]>,
 }
 
-fn percentile(v: &mut [u32], p: f64) -> f64 {
+/// The `p` quantile of `v` in milliseconds, formatted with `decimals`; `-` when `v` is empty.
+fn percentile(v: &mut [u32], p: f64, decimals: usize) -> String {
     if v.is_empty() {
-        return f64::NAN;
+        return "-".into();
     }
     v.sort_unstable();
     let i = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1;
-    f64::from(v[i]) / 1_000.0
+    format!("{:.decimals$}", f64::from(v[i]) / 1_000.0)
 }
 
 #[tokio::main]
@@ -295,12 +312,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect();
         let total: u64 = stats.served[tier] + stats.refused[tier].iter().sum::<u64>();
         let ok = if total > 0 {
-            100.0 * stats.goodput[tier] as f64 / total as f64
+            format!("{:.2}%", 100.0 * stats.goodput[tier] as f64 / total as f64)
         } else {
-            f64::NAN
+            "-".into()
         };
         println!(
-            "{:<9} {:>7} requests, {:>7} within deadline ({ok:.2}%), served {:>7}, refused: {}",
+            "{:<9} {:>7} requests, {:>7} within deadline ({ok}), served {:>7}, refused: {}",
             tier.as_str(),
             total,
             stats.goodput[tier],
@@ -308,19 +325,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             refused.join(", ")
         );
         let mut line = format!(
-            "          ms from entry to answer: served p50 {:.2} p99 {:.2} (n {})",
-            percentile(&mut t.served[tier], 0.5),
-            percentile(&mut t.served[tier], 0.99),
+            "          ms from entry to answer: served p50 {} p99 {} (n {})",
+            percentile(&mut t.served[tier], 0.5, 2),
+            percentile(&mut t.served[tier], 0.99, 2),
             t.served[tier].len(),
         );
         for (i, reason) in RefusalReason::ALL.iter().enumerate() {
             let v = &mut t.refused[tier][i];
             if !v.is_empty() {
                 line += &format!(
-                    "; refused {} p50 {:.3} p99 {:.3} (n {})",
+                    "; refused {} p50 {} p99 {} (n {})",
                     reason.as_str(),
-                    percentile(v, 0.5),
-                    percentile(v, 0.99),
+                    percentile(v, 0.5, 3),
+                    percentile(v, 0.99, 3),
                     v.len()
                 );
             }
@@ -361,26 +378,71 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Times a request from entry to answer, by the tier its caller labelled it with.
+/// Times a request from entry to answer, by the tier it was admitted at (after demotion, so
+/// a retry counts where it was queued): a served answer carries it in `triage-criticality`
+/// (the handler echoes it), a refusal in its JSON body. Answers with neither (the never-shed
+/// routes, 404s) are not timed.
 async fn timed(timings: Arc<Mutex<Timings>>, req: Request, next: Next) -> Response {
-    let tier = req
-        .headers()
-        .get(wire::CRITICALITY)
-        .and_then(|v| wire::parse_criticality(v.as_bytes()).ok());
     let start = Instant::now();
     let response = next.run(req).await;
-    if let Some(tier) = tier {
-        let micros = u32::try_from(start.elapsed().as_micros()).unwrap_or(u32::MAX);
-        let mut t = timings.lock();
-        let reason = response
+    let micros = u32::try_from(start.elapsed().as_micros()).unwrap_or(u32::MAX);
+    let reason = response
+        .headers()
+        .get(wire::REASON)
+        .and_then(|v| RefusalReason::from_name(v.to_str().ok()?));
+    let Some(reason) = reason else {
+        let tier = response
             .headers()
-            .get(wire::REASON)
-            .and_then(|v| RefusalReason::from_name(v.to_str().ok()?))
-            .and_then(|r| RefusalReason::ALL.iter().position(|x| *x == r));
-        match reason {
-            Some(i) => t.refused[tier][i].push(micros),
-            None => t.served[tier].push(micros),
+            .get(wire::CRITICALITY)
+            .and_then(|v| wire::parse_criticality(v.as_bytes()).ok());
+        if let Some(tier) = tier {
+            timings.lock().served[tier].push(micros);
+        }
+        return response;
+    };
+    // A refusal's body is one short line of JSON: read it for the tier and put it back.
+    let (parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, 4096).await.unwrap_or_default();
+    if let Some(refusal) = Refusal::parse_body(&bytes) {
+        if let Some(i) = RefusalReason::ALL.iter().position(|x| *x == reason) {
+            timings.lock().refused[refusal.tier][i].push(micros);
         }
     }
-    response
+    Response::from_parts(parts, axum::body::Body::from(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(flags: &[&str]) -> String {
+        let argv = std::iter::once("http_service").chain(flags.iter().copied());
+        match Args::try_parse_from(argv) {
+            Ok(args) => panic!("{flags:?} accepted: {args:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn out_of_range_flags_are_one_error_naming_the_flag_and_range() {
+        let e = refused(&["--queue", "0"]);
+        assert!(e.contains("--queue") && e.contains("from 1 to"), "{e}");
+        let e = refused(&["--capacity", "0"]);
+        assert!(e.contains("--capacity") && e.contains("from 1 to"), "{e}");
+        for bad in ["NaN", "inf", "-1.5", "fast"] {
+            let e = refused(&[&format!("--sheddable-rate={bad}")]);
+            assert!(
+                e.contains("--sheddable-rate") && e.contains("0 or more"),
+                "{e}"
+            );
+        }
+        let ok = Args::try_parse_from(["http_service", "--sheddable-rate", "0", "--queue", "1"]);
+        assert!(ok.is_ok_and(|a| a.sheddable_rate == 0.0 && a.queue == 1));
+    }
+
+    #[test]
+    fn a_tier_with_no_requests_prints_a_dash() {
+        assert_eq!(percentile(&mut [], 0.99, 2), "-");
+        assert_eq!(percentile(&mut [1_500, 2_500], 0.5, 2), "1.50");
+    }
 }
