@@ -81,8 +81,10 @@ impl Ledger {
     }
 
     /// Counts one message of `tier` handed back to its source without a disposition (shutdown,
-    /// revocation): not acknowledged, so the broker redelivers it. Not a disposition: the
-    /// message will get one on its redelivery.
+    /// revocation, or waiting as long as its broker lets a delivery stay unacknowledged, see
+    /// [`RuntimeConfig::patience_share`](crate::runtime::RuntimeConfig::patience_share)): not
+    /// acknowledged, so the broker redelivers it. Not a disposition: the message will get one
+    /// on its redelivery, which is counted as consumed again.
     pub fn record_released(&self, tier: Criticality) {
         self.released[tier.rank()].fetch_add(1, Ordering::Release);
     }

@@ -162,7 +162,9 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
         // Queue age admits pushed work only (`try_submit`); pulled work is admitted by the
         // pull-based level in `Inner::offer` and queued past the queue-age check.
         let queue = WfqQueue::with_clock(base.queue.clone(), self.clock.clone())?;
+        let origin = self.clock.now();
         let accounts = Arc::new(Accounts {
+            clock_origin: origin,
             ledger: crate::ledger::Ledger::new(),
             metrics: metrics::Metrics::register(),
             alive: AtomicI64::new(0),
@@ -202,7 +204,8 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             signals: signals::Signals::new(),
             pacing: pacing::Pacing::new(),
             lifecycle: lifecycle::Lifecycle::new(),
-            origin: self.clock.now(),
+            patience: Default::default(),
+            origin,
             clock: self.clock,
         });
         match inner.apply(config, Applied::Start) {

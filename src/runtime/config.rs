@@ -281,6 +281,33 @@ pub struct RuntimeConfig {
     /// How often a held (backpressured) message is retried when nothing else wakes it, and how
     /// often gauges are sampled, in milliseconds. Allowed `1..=60_000`. Default `5`.
     pub poll_interval_ms: u64,
+    /// The share of its source's patience a message may wait in the runtime before it is
+    /// handed back, for sources that state one
+    /// ([`Source::patience`](crate::runtime::Source::patience)): RabbitMQ's, its
+    /// `consumer_timeout`.
+    ///
+    /// RabbitMQ closes the channel of a delivery left unacknowledged past its consumer
+    /// timeout (30 minutes by default, or the queue's `x-consumer-timeout`), and every
+    /// unsettled delivery on that channel is delivered again, including those whose handlers
+    /// had already finished (their acknowledgements fail), so their work is done twice. triage
+    /// can keep a message waiting that long by design: a Sheddable message queued behind a
+    /// sustained Critical backlog (the concurrency shares keep its tier out), one held under
+    /// Backpressure for as long as an overload lasts, one parked behind a slow ordering key.
+    /// So a message that has waited this share of the patience (queued, held or parked,
+    /// counted from the broker's delivery, the time in the source's own buffer included) is
+    /// handed back before the broker acts: deferred (reason `patience`) when its tier's policy
+    /// is `defer` and a copy can still come back before its deadline, otherwise released
+    /// unacknowledged (on RabbitMQ `basic.nack` with `requeue`), and the broker delivers it
+    /// again, to this consumer or another, with a patience of its own. The ledger counts a
+    /// released message as `released`, not as a disposition, as at shutdown: its redelivery is
+    /// consumed again and ends in exactly one. Counted in `triage_handed_back_total` (by tier,
+    /// where it waited, and outcome). A message already in a handler is never handed back:
+    /// its run must fit in the rest of the patience.
+    ///
+    /// Allowed `0.05..=0.95`: the rest of the patience is the margin for the hand-back to reach
+    /// the broker, which checks its timeout once per channel tick. Default `0.8`. A change
+    /// applies to messages received after it.
+    pub patience_share: f64,
     /// The operator's shed switch (seed 002: "pre-define these degraded modes and make them one
     /// switch"): refuse this many tiers from the bottom of the ladder whatever the signals say,
     /// each refused message going to its tier's refusal policy (reason `forced`). `0`
@@ -330,6 +357,7 @@ impl Default for RuntimeConfig {
             defer_held_to_make_room: true,
             max_parked: NonZeroUsize::new(10_000).unwrap_or(NonZeroUsize::MIN),
             poll_interval_ms: 5,
+            patience_share: 0.8,
             forced_shed_level: 0,
             brownout_level: 0,
         }
@@ -459,6 +487,13 @@ impl RuntimeConfig {
                 "poll_interval_ms",
                 self.poll_interval_ms,
                 "1..=60000",
+            ));
+        }
+        if !(0.05..=0.95).contains(&self.patience_share) {
+            return Err(ConfigError::new(
+                "patience_share",
+                self.patience_share,
+                "0.05..=0.95",
             ));
         }
         if self.forced_shed_level > MAX_FORCED_SHED_LEVEL {

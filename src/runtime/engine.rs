@@ -67,6 +67,8 @@ pub(crate) struct Inner<T> {
     pub(crate) signals: Signals,
     pub(crate) pacing: Pacing<Inner<T>>,
     pub(crate) lifecycle: Lifecycle,
+    /// Hand-backs before a source's broker loses patience (see `patience.rs`).
+    pub(crate) patience: crate::runtime::patience::Patience,
     pub(crate) clock: Clock,
     pub(crate) origin: Instant,
 }

@@ -1,5 +1,7 @@
 //! What a source hands to the runtime.
 
+use std::time::Duration;
+
 use quanta::Instant;
 
 use crate::runtime::Ack;
@@ -43,6 +45,10 @@ pub struct Envelope<T> {
     /// runtime receives them (see [`crate::ordering`]); `None` (the default) is unordered. Set
     /// by the source from its [`OrderingConfig`](crate::ordering::OrderingConfig).
     pub ordering_key: Option<u64>,
+    /// How long the message had already waited unacknowledged in the source (since the broker
+    /// delivered it) when the source handed it out: counted against the source's
+    /// [`patience`](crate::runtime::Source::patience). Default zero.
+    pub waited: Duration,
 }
 
 impl<T> Envelope<T> {
@@ -57,6 +63,7 @@ impl<T> Envelope<T> {
             size_bytes: 0,
             ack,
             ordering_key: None,
+            waited: Duration::ZERO,
         }
     }
 
@@ -93,6 +100,14 @@ impl<T> Envelope<T> {
     #[must_use]
     pub fn with_ordering_key_opt(mut self, key: Option<u64>) -> Self {
         self.ordering_key = key;
+        self
+    }
+
+    /// Sets how long the message already waited unacknowledged in the source (see
+    /// [`waited`](Self::waited)).
+    #[must_use]
+    pub fn with_waited(mut self, waited: Duration) -> Self {
+        self.waited = waited;
         self
     }
 

@@ -33,7 +33,8 @@
 //! | `triage_failed_total` | counter | tier | messages ending `Failed` (dead-lettered) |
 //! | `triage_retries_total` | counter | tier | retries scheduled (each demoted one level) |
 //! | `triage_handler_panics_total` | counter | | handler panics caught |
-//! | `triage_released_total` | counter | tier | messages handed back unacknowledged (shutdown) |
+//! | `triage_released_total` | counter | tier | messages handed back unacknowledged (shutdown, or before their source's patience ran out) |
+//! | `triage_handed_back_total` | counter | tier, waited, outcome | messages handed back before their source's patience ran out (RabbitMQ's `consumer_timeout`), by where they waited (`queued`, `held`, `parked`) and what became of them (`deferred`, `released`) |
 //! | `triage_backpressure_total` | counter | tier | messages held because their tier's policy is backpressure |
 //! | `triage_queue_depth` | gauge | tier | items queued |
 //! | `triage_queue_age_seconds` | gauge | tier | queue age the tier sees (oldest item at or above it) |
@@ -217,7 +218,11 @@ pub(crate) const PANICS: Def = counter_def(
 );
 pub(crate) const RELEASED: Def = counter_def(
     "triage_released_total",
-    "Messages handed back to the source unacknowledged (shutdown), by tier.",
+    "Messages handed back to the source unacknowledged (shutdown, or before the source's patience ran out), by tier.",
+);
+pub(crate) const HANDED_BACK: Def = counter_def(
+    "triage_handed_back_total",
+    "Messages handed back before their source's patience ran out (RabbitMQ's consumer_timeout), by tier, where they waited (queued, held, parked) and outcome (deferred, released).",
 );
 pub(crate) const BACKPRESSURE: Def = counter_def(
     "triage_backpressure_total",
@@ -379,6 +384,7 @@ pub(crate) const ALL: &[&Def] = &[
     &RETRIES,
     &PANICS,
     &RELEASED,
+    &HANDED_BACK,
     &BACKPRESSURE,
     &QUEUE_DEPTH,
     &QUEUE_AGE,
@@ -433,6 +439,18 @@ pub(crate) fn describe() {
     });
 }
 
+/// `waited` label values of `triage_handed_back_total`: where a message handed back waited.
+pub(crate) const WAITED: [&str; 3] = ["queued", "held", "parked"];
+
+/// `outcome` label values of `triage_handed_back_total`.
+pub(crate) const HAND_BACK_OUTCOMES: [&str; 2] = ["deferred", "released"];
+
+/// Index of `deferred` in [`HAND_BACK_OUTCOMES`].
+pub(crate) const HANDED_BACK_DEFERRED: usize = 0;
+
+/// Index of `released` in [`HAND_BACK_OUTCOMES`].
+pub(crate) const HANDED_BACK_RELEASED: usize = 1;
+
 pub(crate) struct TierMetrics {
     pub(crate) consumed: Counter,
     pub(crate) admitted: Counter,
@@ -449,6 +467,8 @@ pub(crate) struct TierMetrics {
     pub(crate) failed: Counter,
     pub(crate) retries: Counter,
     pub(crate) released: Counter,
+    /// Indexed by where it waited ([`WAITED`]) and outcome ([`HAND_BACK_OUTCOMES`]).
+    pub(crate) handed_back: [[Counter; HAND_BACK_OUTCOMES.len()]; WAITED.len()],
     pub(crate) backpressure: Counter,
     pub(crate) withdrawn: Counter,
     pub(crate) depth: Gauge,
@@ -512,6 +532,11 @@ impl Metrics {
                 failed: counter!(FAILED.name, "tier" => t),
                 retries: counter!(RETRIES.name, "tier" => t),
                 released: counter!(RELEASED.name, "tier" => t),
+                handed_back: WAITED.map(|w| {
+                    HAND_BACK_OUTCOMES.map(
+                        |o| counter!(HANDED_BACK.name, "tier" => t, "waited" => w, "outcome" => o),
+                    )
+                }),
                 backpressure: counter!(BACKPRESSURE.name, "tier" => t),
                 withdrawn: counter!(CIRCUIT_WITHDRAWN.name, "tier" => t),
                 depth: gauge!(QUEUE_DEPTH.name, "tier" => t),

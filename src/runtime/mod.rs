@@ -18,6 +18,12 @@
 //! message dropped unresolved is *released* (redelivered), never acknowledged. At any instant
 //! `consumed = completed + failed + deferred + expired + shed + released + queued + in_flight`
 //! ([`RuntimeStats::balances`]).
+//!
+//! Nothing waits in the runtime until its broker takes it back by force: a message of a source
+//! with a [`patience`](Source::patience) (RabbitMQ's `consumer_timeout`) that has waited
+//! [`patience_share`](RuntimeConfig::patience_share) of it, queued, held or parked, is handed
+//! back: deferred where its tier defers and a copy comes back in time, otherwise released for
+//! the broker to deliver again (see `patience.rs`).
 
 mod ack;
 mod builder;
@@ -38,6 +44,7 @@ mod live;
 mod memory_broker;
 pub mod metrics;
 mod pacing;
+mod patience;
 mod policy;
 mod propagation;
 mod reconfigure;
@@ -186,6 +193,7 @@ impl<T: Send + Sync + 'static> Runtime<T> {
     }
 
     fn attach_mode<S: Source<Payload = T>>(&mut self, source: S, mode: intake::Mode) {
+        self.inner.track_patience(source.patience());
         self.inner.lifecycle.pulling.fetch_add(1, Ordering::AcqRel);
         self.inner
             .accounts
@@ -531,6 +539,7 @@ fn stats_of<T>(inner: &Inner<T>) -> RuntimeStats {
         refused: per_tier(&inner.accounts.refused),
         admitted: per_tier(&inner.accounts.admitted),
         withdrawn: per_tier(&inner.accounts.withdrawn),
+        handed_back: inner.patience.handed_back(),
     }
 }
 

@@ -140,9 +140,15 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 _ = self.lifecycle.stop.cancelled() => break,
                 _ = tokio::time::sleep(self.poll_interval()) => {}
             }
-            if item.deadline.is_some_and(|d| d <= self.clock.now()) {
+            let now = self.clock.now();
+            if item.deadline.is_some_and(|d| d <= now) {
                 self.signals.held.fetch_sub(1, Ordering::Relaxed);
                 return self.expire(item);
+            }
+            // Waited as long as its broker allows (see `patience.rs`).
+            if item.hand_back_at().is_some_and(|at| at <= now) {
+                self.signals.held.fetch_sub(1, Ordering::Relaxed);
+                return self.hand_back(item, crate::runtime::patience::Waited::Held);
             }
             // Still refused by its circuit: not worth an offer (nor a refusal counted again).
             if item

@@ -34,6 +34,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             }
             self.flush_reject_costs();
             self.accounts.publish_counts();
+            self.sweep_patience();
             let lag = self.signals.lag();
             let sample = PullSample {
                 at: self.clock.now().saturating_duration_since(self.origin),

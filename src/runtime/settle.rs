@@ -106,6 +106,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         // messages parked behind a key never keep that key's own message out of the budget.
         // Its offer, when the key lets it through, counts it in again.
         item.mark_waiting();
+        let hand_back_at = item.hand_back_at();
         match self
             .keys
             .arrive(key, item, crate::queue::time::recent(&self.clock))
@@ -114,7 +115,10 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 item.unmark_waiting();
                 Some(item)
             }
-            Arrival::Parked => None,
+            Arrival::Parked => {
+                self.parked_with(hand_back_at);
+                None
+            }
             // Shutting down: released unacknowledged, with the rest of its key.
             Arrival::Closed(item) => {
                 drop(item);

@@ -34,6 +34,10 @@ pub enum DeferReason {
     /// pausing the source (see
     /// [`RuntimeConfig::defer_held_to_make_room`](crate::runtime::RuntimeConfig::defer_held_to_make_room)).
     MakeRoom,
+    /// It waited as long as its source's broker lets a delivery stay unacknowledged, less a
+    /// margin (see [`RuntimeConfig::patience_share`](crate::runtime::RuntimeConfig::patience_share)):
+    /// deferred rather than left for the broker to take back by closing the channel.
+    Patience,
 }
 
 impl DeferReason {
@@ -49,6 +53,7 @@ impl DeferReason {
             DeferReason::Memory => "memory",
             DeferReason::Forced => "forced",
             DeferReason::MakeRoom => "make_room",
+            DeferReason::Patience => "patience",
         }
     }
 }

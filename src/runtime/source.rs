@@ -1,6 +1,7 @@
 //! The source side: where messages come from.
 
 use std::future::Future;
+use std::time::Duration;
 
 use crate::runtime::Envelope;
 
@@ -56,6 +57,37 @@ pub trait Source: Send + 'static {
     /// the setting: its `Failed` messages would be acknowledged with no copy kept anywhere.
     fn needs_dead_letter_sink(&self) -> Option<&'static str> {
         None
+    }
+
+    /// How long the broker lets a message it delivered stay unacknowledged before it takes it
+    /// back by force, or `None` (the default) when it never does. RabbitMQ closes the channel
+    /// of a delivery unacknowledged past its `consumer_timeout` (30 minutes by default): every
+    /// unsettled delivery on that channel is then redelivered, those whose handlers already
+    /// finished included (their acks fail), so their work is done twice. A source that states
+    /// its patience has each of its messages that waits in the runtime (queued, held under
+    /// backpressure, parked behind its ordering key) for
+    /// [`patience_share`](crate::runtime::RuntimeConfig::patience_share) of it handed back in
+    /// time: deferred where its tier defers and a copy can still come back in time, otherwise
+    /// released ([`AckSink::release`](crate::runtime::AckSink::release)) for the broker to
+    /// deliver again. The time a message waited in the source before [`next`](Source::next)
+    /// returned it counts ([`Envelope::waited`]). Read when the source is attached and each
+    /// time a message is received, so it must be cheap. Kafka has no such limit on a message
+    /// (`max.poll.interval.ms` bounds the time between polls, which the Kafka source keeps
+    /// short on a thread of its own).
+    fn patience(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Hands back every message this source holds in a buffer of its own (taken from the
+    /// broker, not yet returned by [`next`](Source::next)) that has waited `waited` or longer
+    /// since the broker delivered it, without acknowledging it: the broker delivers it again.
+    /// Returns how many. Called by the runtime for a source with a [`patience`](Source::patience),
+    /// on a timer (every `admission.tick_ms`), paused or not: a paused source, or one whose
+    /// tier is not read ([`pause_tiers`](Source::pause_tiers)), keeps what it buffered. Must be
+    /// cheap (look at the oldest of each buffer) and never block. The default holds nothing.
+    fn release_waiting(&mut self, waited: Duration) -> usize {
+        let _ = waited;
+        0
     }
 
     /// The runtime is stopping: every message it took has been resolved or released. Make the

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::item::Item;
+use crate::runtime::patience::{HeldFloor, Waited};
 use crate::runtime::refusal::Refusal;
 
 /// How recently a source must have delivered a tier for a full held buffer to make room for it
@@ -42,6 +43,9 @@ pub(crate) struct HeldBuffer<T> {
     /// The deadline slack this source's messages of each rank arrive with, ns, a moving mean
     /// (each new one weighs 1/8); `u64::MAX` while none with a deadline was seen.
     slack_ns: [u64; 4],
+    /// The earliest hand-back instant among the messages held (see `patience.rs`): until it
+    /// comes, none of them needs looking at.
+    hand_back: HeldFloor,
 }
 
 impl<T: Send + Sync + 'static> HeldBuffer<T> {
@@ -58,6 +62,30 @@ impl<T: Send + Sync + 'static> HeldBuffer<T> {
             circuit_at: tokio::time::Instant::now(),
             seen_ns: [0; 4],
             slack_ns: [u64::MAX; 4],
+            hand_back: HeldFloor::default(),
+        }
+    }
+
+    /// Hands back the messages held (for load or for their circuit) whose hand-back instant
+    /// has come, once the earliest of them has (see `patience.rs`).
+    pub(crate) fn hand_back_due(&mut self, inner: &Arc<Inner<T>>) {
+        if self.hand_back.is_none() {
+            return;
+        }
+        let now = inner.clock.now();
+        if !self.hand_back.due(now) {
+            return;
+        }
+        let mut due = Vec::new();
+        self.hand_back.reset();
+        self.hand_back.take_due(&mut self.items, now, &mut due);
+        self.hand_back.take_due(&mut self.circuit, now, &mut due);
+        inner
+            .signals
+            .held
+            .fetch_sub(due.len() as i64, Ordering::Relaxed);
+        for item in due {
+            inner.hand_back(item, Waited::Held);
         }
     }
 
@@ -175,7 +203,10 @@ impl<T: Send + Sync + 'static> HeldBuffer<T> {
                     inner.signals.held.fetch_sub(1, Ordering::Relaxed);
                 }
                 Offer::CircuitHold(item) => self.circuit.push_back(item),
-                Offer::Hold(item) | Offer::Evicted(item) => self.items.push_back(item),
+                Offer::Hold(item) | Offer::Evicted(item) => {
+                    self.hand_back.note(item.hand_back_at());
+                    self.items.push_back(item);
+                }
             }
         }
     }
@@ -222,7 +253,10 @@ impl<T: Send + Sync + 'static> HeldBuffer<T> {
                     self.items.push_back(item);
                 }
                 // Ours is queued; the lower one it evicted is held in its place.
-                Offer::Evicted(victim) => self.items.push_back(victim),
+                Offer::Evicted(victim) => {
+                    self.hand_back.note(victim.hand_back_at());
+                    self.items.push_back(victim);
+                }
                 Offer::CircuitHold(item) => self.circuit.push_back(item),
             }
         }
@@ -275,6 +309,7 @@ impl<T: Send + Sync + 'static> HeldBuffer<T> {
             let mut item = item;
             item.last_refusal = Some(reason);
             item.mark_waiting();
+            self.hand_back.note(item.hand_back_at());
             self.items.push_back(item);
             return;
         }
@@ -289,14 +324,17 @@ impl<T: Send + Sync + 'static> HeldBuffer<T> {
             Offer::Hold(item) => {
                 inner.signals.held.fetch_add(1, Ordering::Relaxed);
                 self.note_refused(rank, item.last_refusal);
+                self.hand_back.note(item.hand_back_at());
                 self.items.push_back(item);
             }
             Offer::Evicted(victim) => {
                 inner.signals.held.fetch_add(1, Ordering::Relaxed);
+                self.hand_back.note(victim.hand_back_at());
                 self.items.push_back(victim);
             }
             Offer::CircuitHold(item) => {
                 inner.signals.held.fetch_add(1, Ordering::Relaxed);
+                self.hand_back.note(item.hand_back_at());
                 self.circuit.push_back(item);
             }
         }

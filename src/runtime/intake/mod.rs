@@ -78,8 +78,9 @@ fn take<T: Send + Sync + 'static>(
     held: &mut HeldBuffer<T>,
     mode: Mode,
     envelope: crate::runtime::Envelope<T>,
+    patience: Option<Duration>,
 ) {
-    if let Some(item) = receive(inner, mode, envelope) {
+    if let Some(item) = receive(inner, mode, envelope, patience) {
         held.offer_new(inner, item);
     }
 }
@@ -134,6 +135,8 @@ pub(crate) async fn run<S: Source>(
     let mut paused = false;
     let mut finished = false;
     let mut paused_tiers = TierMask::NONE;
+    // When the source may next be asked to release what waited too long in its own buffer.
+    let mut next_release = tokio::time::Instant::now();
     loop {
         // A worker may be pulling (only while `open`, cleared when this intake woke): it holds
         // the source for one batch at most.
@@ -161,6 +164,10 @@ pub(crate) async fn run<S: Source>(
         if held.circuit_due(&inner) {
             held.sweep_circuit(&inner);
         }
+        // Nothing waits in the runtime, nor in the source's buffer, until its broker's patience
+        // runs out (see `patience.rs`).
+        held.hand_back_due(&inner);
+        inner.release_waiting(&mut *source, &mut next_release);
         // Parked messages (behind a busy ordering key) have a bound of their own. Both bounds
         // are read each turn: a live reconfiguration may change them.
         let config = inner.config();
@@ -238,7 +245,8 @@ pub(crate) async fn run<S: Source>(
                 continue;
             }
         };
-        take(&inner, &mut held, mode, envelope);
+        let patience = source.patience();
+        take(&inner, &mut held, mode, envelope, patience);
         // Messages the source already has are taken in the same turn, up to `PULL_BATCH`,
         // without the per-pull work above (the stop signal's registration, the lag, the
         // sweep, the pause state): each is still admitted on its own, and the limits that
@@ -253,7 +261,7 @@ pub(crate) async fn run<S: Source>(
                     break;
                 }
                 match source.next().now_or_never() {
-                    Some(Some(envelope)) => take(&inner, &mut held, mode, envelope),
+                    Some(Some(envelope)) => take(&inner, &mut held, mode, envelope, patience),
                     Some(None) => {
                         finished = true;
                         break;

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::runtime::engine::Inner;
 use crate::runtime::item::Item;
@@ -39,15 +40,19 @@ pub(crate) fn pulled_ahead<T: Send + Sync + 'static>(inner: &Inner<T>, prefetch:
 pub(crate) const PULL_BATCH: usize = 32;
 
 /// What every pulled message goes through before its offer, whoever pulled it (the intake, or
-/// a worker pulling for it): counted, expired at once if its deadline passed, through the key
-/// gate. `None` when it was settled or parked here.
+/// a worker pulling for it): counted, given its hand-back instant if its source has a
+/// `patience`, expired at once if its deadline passed, through the key gate. `None` when it was
+/// settled or parked here.
 pub(crate) fn receive<T: Send + Sync + 'static>(
     inner: &Arc<Inner<T>>,
     mode: Mode,
     envelope: crate::runtime::Envelope<T>,
+    patience: Option<Duration>,
 ) -> Option<Item<T>> {
     let tier = envelope.criticality;
+    let waited = envelope.waited;
     let mut item = Item::consumed(envelope, &inner.accounts);
+    item.set_hand_back_at(inner.hand_back_at(patience, waited));
     inner.map_downstream(&mut item);
     let now = crate::queue::time::recent(&inner.clock);
     if mode == Mode::Normal {

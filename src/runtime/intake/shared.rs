@@ -79,7 +79,7 @@ where
                     break;
                 }
             };
-            let Some(item) = receive(inner, Mode::Normal, envelope) else {
+            let Some(item) = receive(inner, Mode::Normal, envelope, source.patience()) else {
                 continue;
             };
             let rank = item.tier().rank();
