@@ -22,6 +22,7 @@
 //! | `triage_amqp_reconnects_total` | `queue` | consumer channels opened after the first one |
 //! | `triage_amqp_connect_failures_total` | `queue` | failed connection or channel set-up attempts |
 //! | `triage_amqp_dropped_buffered_total` | `queue` | deliveries lapin still buffered from a closed channel, dropped unseen (the broker already requeued them) |
+//! | `triage_amqp_handed_back_total` | `queue` | deliveries released from the source's own buffer (paused, or a tier queue not read) after waiting a share of the consumer timeout, `basic.nack(requeue = true)`, unseen by the runtime |
 //! | `triage_amqp_published_total` | `queue`, `outcome` | defer and dead-letter publishes: `confirmed`, `nacked`, `returned`, `timeout`, `unavailable`, `too_large` (refused before sending) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,7 +32,7 @@ use metrics::{Counter, Unit};
 use triage::ledger::Disposition;
 
 /// Every metric's `# HELP` text, beside its name (all are counters).
-const HELP: [(&str, &str); 16] = [
+const HELP: [(&str, &str); 17] = [
     (
         "triage_amqp_deliveries_total",
         "Deliveries taken from the consumer, by queue.",
@@ -93,6 +94,10 @@ const HELP: [(&str, &str); 16] = [
         "Deliveries still buffered from a closed channel, dropped unseen (the broker already requeued them), by queue.",
     ),
     (
+        "triage_amqp_handed_back_total",
+        "Deliveries released from the source's own buffer after waiting a share of the consumer timeout (basic.nack with requeue), unseen by the runtime, by queue.",
+    ),
+    (
         "triage_amqp_published_total",
         "Defer and dead-letter publishes, by queue and outcome (confirmed, nacked, returned, timeout, unavailable).",
     ),
@@ -147,6 +152,9 @@ pub struct AmqpSourceStats {
     pub connect_failures: u64,
     /// Deliveries still buffered from a channel that had closed, not handed out.
     pub dropped_buffered: u64,
+    /// Deliveries released from the source's own buffer after waiting a share of the consumer
+    /// timeout (also counted in `requeued`).
+    pub handed_back: u64,
 }
 
 macro_rules! counters {
@@ -206,6 +214,7 @@ counters! {
     reconnects => "triage_amqp_reconnects_total",
     connect_failures => "triage_amqp_connect_failures_total",
     dropped_buffered => "triage_amqp_dropped_buffered_total",
+    handed_back => "triage_amqp_handed_back_total",
 }
 
 /// Why a delivery got the default tier.

@@ -1,5 +1,7 @@
 //! Configuration of [`AmqpSource`](super::AmqpSource).
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 use triage::{ConfigError, Criticality, PerTier};
 
@@ -96,6 +98,27 @@ pub struct AmqpSourceConfig {
     /// settlements and close the channel, in milliseconds. Default 5,000. Past it the
     /// connection is dropped; whatever was not acked is redelivered.
     pub shutdown_timeout_ms: u64,
+    /// The broker's consumer timeout (RabbitMQ's `consumer_timeout`, its delivery
+    /// acknowledgement timeout), in milliseconds: how long a delivery may stay unacknowledged
+    /// before the broker closes the channel it came on. Default 1,800,000 (30 minutes,
+    /// RabbitMQ's default); `0` for a broker with the timeout turned off. Allowed `0` or
+    /// `1000..=2147483647`. A queue declared with
+    /// [`declare.consumer_timeout_ms`](QueueDeclareConfig::consumer_timeout_ms) has that
+    /// timeout instead.
+    ///
+    /// Set it to what the broker applies (its `consumer_timeout`, or the `consumer-timeout` of a
+    /// policy on the queue, which a client cannot read): the source states it as its
+    /// [`patience`](triage::runtime::Source::patience), and the runtime hands back every
+    /// delivery that has waited [`patience_share`](triage::runtime::RuntimeConfig::patience_share)
+    /// of it (80% by default) without reaching a handler: deferred where its tier defers and a
+    /// copy comes back in time, otherwise released (`basic.nack` with `requeue`), so that the
+    /// broker delivers it again rather than close the channel. A closed channel would
+    /// redeliver every unsettled delivery on it, those whose handlers had finished included,
+    /// and their work would be done twice. The deliveries this source holds in its own buffer
+    /// (while the runtime does not pull: paused, or a tier queue not read while its tier is
+    /// shed) are released the same way, counted in `triage_amqp_handed_back_total`. A handler
+    /// run itself must fit in the rest of the timeout.
+    pub consumer_timeout_ms: u64,
 }
 
 impl Default for AmqpSourceConfig {
@@ -114,6 +137,7 @@ impl Default for AmqpSourceConfig {
             reconnect: ReconnectConfig::default(),
             lag_refresh_ms: 250,
             shutdown_timeout_ms: 5_000,
+            consumer_timeout_ms: 1_800_000,
         }
     }
 }
@@ -239,7 +263,58 @@ impl AmqpSourceConfig {
                 "1..=600000",
             ));
         }
+        if self.consumer_timeout_ms != 0 && !CONSUMER_TIMEOUT_MS.contains(&self.consumer_timeout_ms)
+        {
+            return Err(ConfigError::new(
+                "consumer_timeout_ms",
+                self.consumer_timeout_ms,
+                "0 (no timeout) or 1000..=2147483647",
+            ));
+        }
+        if let Some(timeout) = self.declare.consumer_timeout_ms {
+            if !self.declare.enabled {
+                return Err(ConfigError::new(
+                    "declare.consumer_timeout_ms",
+                    timeout,
+                    "none with declare.enabled = false (triage does not declare the queue, so \
+                     it cannot give it x-consumer-timeout: set consumer_timeout_ms to the \
+                     queue's timeout instead)",
+                ));
+            }
+            if !CONSUMER_TIMEOUT_MS.contains(&timeout) {
+                return Err(ConfigError::new(
+                    "declare.consumer_timeout_ms",
+                    timeout,
+                    "1000..=2147483647",
+                ));
+            }
+        }
         self.reconnect.validate().map_err(|e| e.within("reconnect"))
+    }
+
+    /// The consumer timeout the broker applies to this source's deliveries: the queues'
+    /// `x-consumer-timeout` where the source declares them with one
+    /// ([`declare.consumer_timeout_ms`](QueueDeclareConfig::consumer_timeout_ms)), else
+    /// [`consumer_timeout_ms`](Self::consumer_timeout_ms); `None` when it is `0` (no timeout).
+    /// What the source states as its [`patience`](triage::runtime::Source::patience).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use triage_amqp::AmqpSourceConfig;
+    ///
+    /// let mut config = AmqpSourceConfig::new("amqp://127.0.0.1:5672/%2f", "orders");
+    /// assert_eq!(config.consumer_timeout(), Some(Duration::from_secs(1_800)));
+    /// config.declare.consumer_timeout_ms = Some(600_000);
+    /// assert_eq!(config.consumer_timeout(), Some(Duration::from_secs(600)));
+    /// ```
+    pub fn consumer_timeout(&self) -> Option<Duration> {
+        let ms = match self.declare.consumer_timeout_ms {
+            Some(ms) if self.declare.enabled => ms,
+            _ => self.consumer_timeout_ms,
+        };
+        (ms != 0).then(|| Duration::from_millis(ms))
     }
 
     pub(crate) fn connection_name(&self) -> String {
@@ -327,6 +402,10 @@ impl AmqpSourceConfig {
             .collect()
     }
 }
+
+/// The consumer timeouts RabbitMQ accepts (an Erlang timer's range), in milliseconds; below a
+/// second the broker's check (once per channel tick) could not keep to it anyway.
+const CONSUMER_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 1_000..=2_147_483_647;
 
 /// Where a consumed queue's rejected deliveries go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -420,6 +499,12 @@ pub struct QueueDeclareConfig {
     /// `x-dead-letter-routing-key`, with `dead_letter_exchange`. Default none (the message's
     /// own routing key).
     pub dead_letter_routing_key: Option<String>,
+    /// `x-consumer-timeout`, in milliseconds: the queue's own delivery acknowledgement timeout
+    /// (RabbitMQ 3.12 and later; an older broker keeps the argument but applies its global
+    /// `consumer_timeout`). The source then takes it as the timeout it runs under, in place of
+    /// [`AmqpSourceConfig::consumer_timeout_ms`]. Allowed `1000..=2147483647`, and only with
+    /// `enabled`. Default none.
+    pub consumer_timeout_ms: Option<u64>,
 }
 
 impl Default for QueueDeclareConfig {
@@ -430,6 +515,7 @@ impl Default for QueueDeclareConfig {
             max_priority: None,
             dead_letter_exchange: None,
             dead_letter_routing_key: None,
+            consumer_timeout_ms: None,
         }
     }
 }
@@ -626,6 +712,45 @@ mod tests {
         via_sink.declare.enabled = false;
         assert!(via_sink.validate(100).is_ok());
         assert!(!via_sink.dead_letter("q").can_reject());
+    }
+
+    #[test]
+    fn the_consumer_timeout_is_the_queues_where_declared_and_is_validated() {
+        let mut c = AmqpSourceConfig::new("amqp://x", "q");
+        assert_eq!(c.consumer_timeout(), Some(Duration::from_secs(1_800)));
+        c.consumer_timeout_ms = 0;
+        assert_eq!(c.consumer_timeout(), None);
+        assert!(c.validate(100).is_ok());
+        c.declare.consumer_timeout_ms = Some(5_000);
+        assert_eq!(c.consumer_timeout(), Some(Duration::from_secs(5)));
+        assert!(c.validate(100).is_ok());
+        for (field, bad) in [
+            ("consumer_timeout_ms", (999, None)),
+            ("consumer_timeout_ms", (2_147_483_648, None)),
+            ("declare.consumer_timeout_ms", (0, Some(999))),
+            ("declare.consumer_timeout_ms", (0, Some(2_147_483_648))),
+        ] {
+            let mut c = AmqpSourceConfig::new("amqp://x", "q");
+            (c.consumer_timeout_ms, c.declare.consumer_timeout_ms) = bad;
+            let err = c.validate(100).unwrap_err();
+            assert_eq!(err.field(), field);
+            assert!(err.allowed().contains("1000..=2147483647"), "{err}");
+        }
+        // Not declared by triage: the queue's own timeout cannot be set from here.
+        let mut c = AmqpSourceConfig::new("amqp://x", "q");
+        c.dead_letter_via_sink = true;
+        c.declare.enabled = false;
+        c.declare.consumer_timeout_ms = Some(5_000);
+        assert_eq!(
+            c.validate(100).unwrap_err().field(),
+            "declare.consumer_timeout_ms"
+        );
+        assert_eq!(c.consumer_timeout(), Some(Duration::from_secs(1_800)));
+        let c: AmqpSourceConfig = toml::from_str(
+            "queue = \"q\"\nconsumer_timeout_ms = 60000\n[declare]\nconsumer_timeout_ms = 30000",
+        )
+        .unwrap();
+        assert_eq!(c.consumer_timeout(), Some(Duration::from_secs(30)));
     }
 
     #[test]

@@ -10,22 +10,26 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use lapin::message::Delivery;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
-/// One received delivery: its slot and the epoch of the channel it came on.
+/// One received delivery: its slot, the epoch of the channel it came on, and when the link
+/// task received it (the broker's consumer timeout runs from about then).
 #[derive(Debug)]
 pub(crate) struct Received {
     pub(crate) slot: usize,
     pub(crate) epoch: u64,
+    pub(crate) at: Instant,
     pub(crate) delivery: Delivery,
 }
 
 #[derive(Debug)]
 struct State {
-    /// Per slot, oldest first.
-    slots: Vec<VecDeque<(u64, Delivery)>>,
+    /// Per slot, oldest first: epoch, receipt, delivery.
+    slots: Vec<VecDeque<(u64, Instant, Delivery)>>,
     /// Per slot, whether its tier is paused.
     paused: Vec<bool>,
     /// The link task has stopped: nothing more will arrive.
@@ -62,11 +66,12 @@ impl Inbox {
 
     /// Deliveries arrived in channel `epoch`, each on its slot.
     pub(crate) fn push_all(&self, epoch: u64, deliveries: impl Iterator<Item = (usize, Delivery)>) {
+        let at = Instant::now();
         let readable = {
             let mut state = self.lock();
             let mut readable = false;
             for (slot, delivery) in deliveries {
-                state.slots[slot].push_back((epoch, delivery));
+                state.slots[slot].push_back((epoch, at, delivery));
                 readable |= !state.paused[slot];
             }
             readable
@@ -100,12 +105,38 @@ impl Inbox {
                 if paused {
                     return None;
                 }
-                buffer.pop_front().map(|(epoch, delivery)| Received {
+                buffer.pop_front().map(|(epoch, at, delivery)| Received {
                     slot,
                     epoch,
+                    at,
                     delivery,
                 })
             })
+    }
+
+    /// Takes out of every slot, paused or not, the deliveries received `waited` or longer ago:
+    /// the oldest of each slot first, stopping at the first younger one (a slot is in order of
+    /// receipt).
+    pub(crate) fn take_waited(&self, waited: Duration) -> Vec<Received> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let mut state = self.lock();
+        for (slot, buffer) in state.slots.iter_mut().enumerate() {
+            while buffer
+                .front()
+                .is_some_and(|(_, at, _)| now.saturating_duration_since(*at) >= waited)
+            {
+                if let Some((epoch, at, delivery)) = buffer.pop_front() {
+                    out.push(Received {
+                        slot,
+                        epoch,
+                        at,
+                        delivery,
+                    });
+                }
+            }
+        }
+        out
     }
 
     /// Pauses (`true`) or resumes each slot; wakes `next` when a slot with deliveries resumes.

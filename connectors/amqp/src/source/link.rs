@@ -128,6 +128,11 @@ impl Link {
                 if let Some(p) = declare.max_priority {
                     args.insert("x-max-priority".into(), AMQPValue::ShortShortUInt(p));
                 }
+                if let Some(ms) = declare.consumer_timeout_ms {
+                    // Validated to fit: at most 2^31 - 1.
+                    let ms = i64::try_from(ms).unwrap_or(i64::MAX);
+                    args.insert("x-consumer-timeout".into(), AMQPValue::LongLongInt(ms));
+                }
                 let text = |s: &str| AMQPValue::LongString(LongString::from(s));
                 match self.config.dead_letter(queue) {
                     DeadLetter::Declared {

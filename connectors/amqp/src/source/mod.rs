@@ -270,6 +270,7 @@ impl AmqpSource {
         let Received {
             slot,
             epoch,
+            at,
             delivery,
         } = received;
         let Some(token) = self.settler.track(epoch, delivery.delivery_tag) else {
@@ -309,7 +310,8 @@ impl AmqpSource {
                 .with_attempt(class.attempt)
                 .with_deferrals(class.deferrals)
                 .with_deadline_opt(deadline)
-                .with_size_bytes(size),
+                .with_size_bytes(size)
+                .with_waited(at.elapsed()),
         )
     }
 
@@ -400,6 +402,32 @@ impl Source for AmqpSource {
             .map(|s| s.tier.is_some_and(|t| tiers.contains(t)))
             .collect();
         self.inbox.set_paused(|slot| paused[slot]);
+    }
+
+    /// The consumer timeout the broker applies ([`AmqpSourceConfig::consumer_timeout`]): the
+    /// runtime hands back every delivery that waits a share of it without reaching a handler.
+    fn patience(&self) -> Option<Duration> {
+        self.config.consumer_timeout()
+    }
+
+    /// Releases (`basic.nack` with `requeue`) the deliveries buffered `waited` or longer ago
+    /// and not handed out: those of a paused source, or of a tier queue not read while its
+    /// tier is shed. The broker delivers them again, with a timeout of their own.
+    fn release_waiting(&mut self, waited: Duration) -> usize {
+        let mut released = 0;
+        for received in self.inbox.take_waited(waited) {
+            let tag = received.delivery.delivery_tag;
+            match self.settler.track(received.epoch, tag) {
+                Some(token) if self.settler.settle(token, Settle::Requeue) => {
+                    self.metrics.requeued.incr();
+                    self.metrics.handed_back.incr();
+                    released += 1;
+                }
+                // Its channel is gone: the broker has requeued it already.
+                _ => self.metrics.dropped_buffered.incr(),
+            }
+        }
+        released
     }
 
     /// `dead_letter_via_sink` when it is set: `Failed` deliveries are then acknowledged, so
