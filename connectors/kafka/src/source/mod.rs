@@ -8,7 +8,15 @@
 //!   every `commit_interval_ms` from a committer thread (`commit.rs`), on revocation, and
 //!   (bounded) on shutdown.
 //! - Flow (`poll.rs`): a dedicated thread polls the consumer at all times, so pausing never
-//!   costs the group membership, and hands records over through a bounded channel.
+//!   costs the group membership, and hands records over through a bounded channel. Kafka has
+//!   no limit on how long a record may wait unacknowledged (RabbitMQ's `consumer_timeout`
+//!   has one, so the AMQP source states a
+//!   [`patience`](triage::runtime::Source::patience) and this one does not):
+//!   `max.poll.interval.ms` bounds the time between two polls, and the thread never goes
+//!   longer than about a second without one (`PAUSE_AFTER` while the hand-off channel stays
+//!   full), however long the runtime holds records or keeps the source paused: a long hold
+//!   keeps the committed watermark below the held record, and never the consumer out of its
+//!   group (`tests/poll_interval.rs` holds one for 2.5 poll intervals).
 //! - Lag (`lag.rs`): the records waiting in the broker for this consumer, measured every
 //!   `lag_interval_ms` on a thread of its own, so `Source::lag` never blocks.
 //! - A topic per tier: with `criticality.topic_tiers` mapping the subscribed topics to tiers,
