@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::HashSet;
 use std::num::NonZeroUsize;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
 use lapin::types::{AMQPValue, FieldTable, LongString};
@@ -299,6 +299,46 @@ async fn classifies_from_priority_and_trusted_header_and_counts_the_rest() {
     );
     source.shutdown().await;
     assert_eq!(source.stats().unclassified, 2);
+    delete(&ch, &q).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_too_far_to_represent_never_expires_instead_of_crashing_the_source() {
+    let (_conn, ch) = admin().await;
+    let q = rand_queue("far-deadline");
+    declare(&ch, &q, FieldTable::default()).await;
+    let deadline = |v: AMQPValue| {
+        let mut h = FieldTable::default();
+        h.insert("triage-deadline-ms".into(), v);
+        BasicProperties::default().with_headers(h)
+    };
+    let soon = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        + 60_000;
+    // Any publisher may write these: millions of years ahead, as an integer and as text.
+    let cases = [
+        deadline(AMQPValue::LongLongInt(i64::MAX)),
+        deadline(AMQPValue::LongString(LongString::from("99999999999999"))),
+        deadline(AMQPValue::Timestamp(u64::MAX)),
+        deadline(AMQPValue::LongLongInt(soon)),
+    ];
+    publish_n(&ch, &q, cases.len(), b"x", |i| cases[i].clone()).await;
+    let mut source = AmqpSource::connect(config(&q, 10), capacity(10))
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    for _ in 0..cases.len() {
+        let env = source.next().await.unwrap();
+        got.push(env.deadline.is_some());
+        env.ack.resolve(Disposition::Completed);
+    }
+    // Too far to represent on the clock: no deadline (never expires), as on Kafka; the near
+    // one is kept.
+    assert_eq!(got, [false, false, false, true]);
+    source.shutdown().await;
+    assert_eq!(source.stats().acked, 4);
     delete(&ch, &q).await;
 }
 

@@ -4,8 +4,11 @@
 //! is whatever the least trusted publisher sent. Every input is treated as hostile: wrong
 //! types, huge numbers and invalid UTF-8 give the default, never a panic.
 
+use std::time::Duration;
+
 use lapin::types::AMQPValue;
 use lapin::BasicProperties;
+use triage::quanta::Instant;
 use triage::{wire, Criticality};
 
 use super::config::{ClassifyConfig, DeadlineConfig};
@@ -114,6 +117,16 @@ impl Classifier {
             (a, b) => a.or(b),
         }
     }
+}
+
+/// The instant on the clock matching wall-clock deadline `at_unix_ms`, for a clock that read
+/// `now` while the wall clock read `now_unix_ms`. A deadline already passed maps to `now`
+/// (expired at the first look); one too far to represent on the clock (any publisher can write
+/// `i64::MAX`) maps to `None`, never expires, as on the Kafka source.
+pub(crate) fn deadline_at(now: Instant, now_unix_ms: u64, at_unix_ms: u64) -> Option<Instant> {
+    now.checked_add(Duration::from_millis(
+        at_unix_ms.saturating_sub(now_unix_ms),
+    ))
 }
 
 fn tier_from_value(value: &AMQPValue) -> Result<Criticality, Unclassified> {
@@ -319,6 +332,25 @@ mod tests {
         assert_eq!((got.attempt, got.deferrals), (0, 4));
         let none = c.classify(&BasicProperties::default(), 0);
         assert_eq!((none.attempt, none.deferrals), (0, 0));
+    }
+
+    #[test]
+    fn deadlines_map_onto_the_clock_saturating() {
+        let (clock, mock) = triage::quanta::Clock::mock();
+        mock.increment(Duration::from_secs(86_400));
+        let now = clock.now();
+        let wall = 1_700_000_000_000;
+        assert_eq!(
+            deadline_at(now, wall, wall + 250),
+            Some(now + Duration::from_millis(250))
+        );
+        // Already passed: now, expired at the first look.
+        assert_eq!(deadline_at(now, wall, 5), Some(now));
+        assert_eq!(deadline_at(now, wall, wall), Some(now));
+        // Beyond the clock's range (about 584 years of nanoseconds): no deadline.
+        for at in [u64::MAX, i64::MAX as u64, 99_999_999_999_999] {
+            assert_eq!(deadline_at(now, wall, at), None, "{at}");
+        }
     }
 
     #[test]

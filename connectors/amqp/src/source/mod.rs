@@ -299,10 +299,9 @@ impl AmqpSource {
         if let Some(reason) = class.unclassified {
             self.metrics.unclassified(reason);
         }
-        let deadline = class.deadline_unix_ms.map(|at| {
-            // A deadline already past becomes "now": expired at the first look.
-            self.clock.now() + Duration::from_millis(at.saturating_sub(now_unix_ms))
-        });
+        let deadline = class
+            .deadline_unix_ms
+            .and_then(|at| classify::deadline_at(self.clock.now(), now_unix_ms, at));
         let ack = Ack::new(Arc::clone(&self.settler) as Arc<dyn AckSink>, token);
         let message = AmqpMessage::from_delivery(delivery, Arc::clone(&slot.queue));
         Some(
