@@ -35,5 +35,9 @@ pub use source::{
     QueueDeclareConfig, TierQueue,
 };
 
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub use source::fuzzing;
+
 /// Re-exported: the AMQP client, for its property and field-table types.
 pub use lapin;

@@ -40,6 +40,9 @@
 
 mod classify;
 mod config;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod inbox;
 mod link;
 mod settle;

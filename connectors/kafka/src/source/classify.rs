@@ -270,10 +270,12 @@ pub(crate) struct Anchor {
 impl Anchor {
     /// Reads both clocks.
     pub(crate) fn read(clock: &Clock) -> Self {
-        Anchor {
-            now: clock.now(),
-            wall: SystemTime::now(),
-        }
+        Self::at(clock.now(), SystemTime::now())
+    }
+
+    /// The anchor of two readings taken together.
+    pub(crate) fn at(now: Instant, wall: SystemTime) -> Self {
+        Anchor { now, wall }
     }
 
     /// The instant on the clock matching wall-clock `deadline_ms` (Unix milliseconds): `now +

@@ -37,6 +37,9 @@ mod classify;
 mod client;
 mod commit;
 mod config;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod headers;
 mod lag;
 mod offsets;
