@@ -145,7 +145,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         mut item: Item<T>,
         now: Instant,
     ) -> Option<(Item<T>, Option<crate::admission::Call>)> {
-        if let Some(deadline) = item.deadline {
+        if let Some(deadline) = item.deadline() {
             if deadline <= now {
                 self.expire(item);
                 return None;

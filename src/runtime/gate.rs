@@ -211,7 +211,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         item.standing = before.and_admitted();
         let original = item.original;
         let meta = Meta::new(tier)
-            .deadline_opt(item.deadline)
+            .deadline_opt(item.deadline())
             .size_bytes(item.size_bytes);
         let pushed = if item.origin == Origin::Pushed {
             self.queue.push(item, meta)

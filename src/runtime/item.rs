@@ -206,7 +206,10 @@ pub(crate) struct Item<T> {
     pub(crate) attempt: u32,
     /// Earlier deferrals of this message (its copies' `triage-deferrals`).
     pub(crate) deferrals: u32,
-    pub(crate) deadline: Option<Instant>,
+    /// Its deadline when `flags` has [`HAS_DEADLINE`], any instant otherwise (never read):
+    /// read with [`deadline`](Self::deadline). Not an `Option<Instant>`, whose tag took 8 more
+    /// bytes (see [`ITEM_BYTES`]).
+    deadline_at: Instant,
     pub(crate) size_bytes: usize,
     /// Pulled from a source, or pushed by an in-process producer.
     pub(crate) origin: Origin,
@@ -222,19 +225,33 @@ pub(crate) struct Item<T> {
     /// patience runs out soon after (see `patience.rs`). `None`: its source has no such
     /// limit. Read with [`hand_back_at`](Self::hand_back_at).
     hand_back: Option<NonZeroU64>,
-    /// Waiting (held under backpressure, or parked behind its ordering key): its bytes are
-    /// out of the memory budget's working set.
-    waiting: bool,
+    /// [`WAITING`], [`ACKED`] and [`HAS_DEADLINE`], in one byte.
+    flags: u8,
     /// Why it was last refused or evicted; `None` while it never was.
     pub(crate) last_refusal: Option<Refusal>,
-    /// Its acknowledgement, until [`take_ack`](Self::take_ack) (then a no-op ack and `acked`:
-    /// an `Option<Ack>` would take 8 more bytes, and an item is moved several times per
-    /// message).
+    /// Its acknowledgement, until [`take_ack`](Self::take_ack) (then a no-op ack and
+    /// [`ACKED`]: an `Option<Ack>` would take 8 more bytes, and an item is moved several times
+    /// per message).
     ack: Ack,
-    /// The ack was taken: settled, released or handed back.
-    acked: bool,
     accounts: Arc<Accounts>,
 }
+
+/// In `Item::flags`: waiting (held under backpressure, or parked behind its ordering key), its
+/// bytes out of the memory budget's working set.
+const WAITING: u8 = 1;
+/// In `Item::flags`: the ack was taken (settled, released or handed back).
+const ACKED: u8 = 2;
+/// In `Item::flags`: `deadline_at` is its deadline.
+const HAS_DEADLINE: u8 = 4;
+
+/// The most bytes an [`Item`] of a small payload may take: a move of more is a call to
+/// `memcpy` rather than a few register moves, and an item is moved several times per message
+/// (measured on the runtime bench, issue 30: 41-42 ms of CPU per 100,000 messages at 128
+/// bytes, 51-53 ms at 136). Checked at compile time, below.
+pub(crate) const ITEM_BYTES: usize = 128;
+
+// A field that makes an item of a small payload larger than `ITEM_BYTES` fails the build.
+const _: () = assert!(std::mem::size_of::<Item<u64>>() <= ITEM_BYTES);
 
 impl<T> Item<T> {
     pub(crate) fn consumed(env: Envelope<T>, accounts: &Arc<Accounts>) -> Self {
@@ -248,19 +265,33 @@ impl<T> Item<T> {
             original,
             attempt: env.attempt,
             deferrals: env.deferrals,
-            deadline: env.deadline,
+            deadline_at: env.deadline.unwrap_or(accounts.clock_origin),
             size_bytes: env.size_bytes,
             origin: Origin::Pulled,
             standing: Standing::New,
             key: env.ordering_key,
             circuit: None,
             hand_back: None,
-            waiting: false,
+            flags: if env.deadline.is_some() {
+                HAS_DEADLINE
+            } else {
+                0
+            },
             last_refusal: None,
             ack: env.ack,
-            acked: false,
             accounts: Arc::clone(accounts),
         }
+    }
+
+    /// The instant after which serving it is useless; `None` never expires.
+    #[inline]
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        (self.flags & HAS_DEADLINE != 0).then_some(self.deadline_at)
+    }
+
+    #[inline]
+    fn waiting(&self) -> bool {
+        self.flags & WAITING != 0
     }
 
     /// By when it must be handed back if it is still waiting (see `patience.rs`).
@@ -333,7 +364,7 @@ impl<T> Item<T> {
             criticality: self.original,
             attempt: self.attempt,
             deferrals: self.deferrals,
-            deadline: self.deadline,
+            deadline: self.deadline(),
             size_bytes: self.size_bytes,
             ack,
             ordering_key: self.key,
@@ -390,7 +421,7 @@ impl<T> Item<T> {
         let ack = self.take_ack();
         // An offer takes an item out of waiting: a served one never is; were it, its bytes
         // leave now, the working set's too.
-        let bytes = if self.waiting {
+        let bytes = if self.waiting() {
             self.leave_memory();
             0
         } else {
@@ -410,10 +441,10 @@ impl<T> Item<T> {
     /// The ack, the first time: `None` once taken.
     #[inline]
     fn take_ack(&mut self) -> Option<Ack> {
-        if self.acked {
+        if self.flags & ACKED != 0 {
             return None;
         }
-        self.acked = true;
+        self.flags |= ACKED;
         Some(std::mem::replace(&mut self.ack, Ack::noop()))
     }
 
@@ -421,23 +452,23 @@ impl<T> Item<T> {
     fn leave_memory(&mut self) {
         self.accounts
             .memory
-            .remove(self.size_bytes as u64, self.waiting);
-        self.waiting = false;
+            .remove(self.size_bytes as u64, self.waiting());
+        self.flags &= !WAITING;
     }
 
     /// It waits (held under backpressure, or parked behind its key): out of the memory
     /// budget's working set until offered again.
     pub(crate) fn mark_waiting(&mut self) {
-        if !self.waiting {
-            self.waiting = true;
+        if !self.waiting() {
+            self.flags |= WAITING;
             self.accounts.memory.mark_waiting(self.size_bytes as u64);
         }
     }
 
     /// Offered again: back in the working set.
     pub(crate) fn unmark_waiting(&mut self) {
-        if self.waiting {
-            self.waiting = false;
+        if self.waiting() {
+            self.flags &= !WAITING;
             self.accounts.memory.unmark_waiting(self.size_bytes as u64);
         }
     }
@@ -463,6 +494,7 @@ impl<T> Drop for Item<T> {
 
 #[cfg(test)]
 mod tests {
+
     use super::Standing::{self, *};
 
     #[test]

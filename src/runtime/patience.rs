@@ -181,7 +181,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             // Not its key's message inside the runtime: its end frees nothing.
             item.key = None;
         }
-        if item.deadline.is_some_and(|d| d <= self.clock.now()) {
+        if item.deadline().is_some_and(|d| d <= self.clock.now()) {
             return self.expire(item);
         }
         let tier = item.original;

@@ -141,7 +141,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 _ = tokio::time::sleep(self.poll_interval()) => {}
             }
             let now = self.clock.now();
-            if item.deadline.is_some_and(|d| d <= now) {
+            if item.deadline().is_some_and(|d| d <= now) {
                 self.signals.held.fetch_sub(1, Ordering::Relaxed);
                 return self.expire(item);
             }
@@ -175,7 +175,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// (see [`expires_before_drain`](super::deferral::expires_before_drain)), from the signals
     /// now.
     pub(crate) fn expires_before_drain(&self, item: &Item<T>) -> bool {
-        let Some(deadline) = item.deadline else {
+        let Some(deadline) = item.deadline() else {
             return false;
         };
         let backlog = Duration::from_nanos(self.signals.backlog_clear_ns.load(Ordering::Relaxed));
@@ -266,7 +266,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         error: Option<String>,
     ) -> Republish {
         let deadline = item
-            .deadline
+            .deadline()
             .map(|d| crate::runtime::job::wall_deadline(&self.clock, d));
         Republish {
             criticality: item.original,

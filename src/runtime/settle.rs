@@ -83,7 +83,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             .metrics
             .ordering_wait
             .record(now.saturating_duration_since(parked_at).as_secs_f64());
-        if item.deadline.is_some_and(|d| d <= now) {
+        if item.deadline().is_some_and(|d| d <= now) {
             return self.expire_into(item, freed);
         }
         match self.offer_into(item, false, freed) {

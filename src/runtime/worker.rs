@@ -303,7 +303,7 @@ where
         criticality: tier,
         original: item.original,
         attempt: item.attempt,
-        deadline: item.deadline,
+        deadline: item.deadline(),
         enqueued_at,
         load: LoadLevel(inner.load_level()),
         brownout: inner.live.brownout(),
@@ -343,7 +343,7 @@ where
         Ok(Ok(())) => {
             let r = item.original.rank();
             local.tally.completed[r] += 1;
-            let in_time = item.deadline.is_none_or(|d| finished <= d);
+            let in_time = item.deadline().is_none_or(|d| finished <= d);
             if in_time {
                 local.tally.goodput[r] += 1;
             }

@@ -185,7 +185,7 @@ impl<T: Send + Sync + 'static> HeldBuffer<T> {
             let Some(item) = self.circuit.pop_front() else {
                 break;
             };
-            if item.deadline.is_some_and(|d| d <= now) {
+            if item.deadline().is_some_and(|d| d <= now) {
                 inner.signals.held.fetch_sub(1, Ordering::Relaxed);
                 inner.expire(item);
                 continue;
@@ -234,7 +234,7 @@ impl<T: Send + Sync + 'static> HeldBuffer<T> {
             let Some(item) = self.items.pop_front() else {
                 break;
             };
-            if item.deadline.is_some_and(|d| d <= horizon) {
+            if item.deadline().is_some_and(|d| d <= horizon) {
                 inner.signals.held.fetch_sub(1, Ordering::Relaxed);
                 inner.expire(item);
                 continue;
@@ -294,7 +294,7 @@ impl<T: Send + Sync + 'static> HeldBuffer<T> {
         if self.seen_ns[rank] != now {
             self.seen_ns[rank] = now;
         }
-        if let Some(deadline) = item.deadline {
+        if let Some(deadline) = item.deadline() {
             let slack = deadline.saturating_duration_since(recent).as_nanos();
             let slack = u64::try_from(slack).unwrap_or(u64::MAX - 1);
             let mean = &mut self.slack_ns[rank];

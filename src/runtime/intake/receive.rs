@@ -59,7 +59,7 @@ pub(crate) fn receive<T: Send + Sync + 'static>(
         inner.signals.pulled[tier.rank()].fetch_add(1, Ordering::Relaxed);
         // The deadline slack it arrives with: what admission predicts deadline misses from.
         // In µs, at most `u32::MAX` (71 minutes) each, so the sum lasts 4 billion messages.
-        if let Some(deadline) = item.deadline {
+        if let Some(deadline) = item.deadline() {
             let slack = deadline.saturating_duration_since(now).as_micros();
             inner.signals.pulled_with_deadline[tier.rank()].fetch_add(1, Ordering::Relaxed);
             inner.signals.slack_us[tier.rank()].fetch_add(
@@ -69,7 +69,7 @@ pub(crate) fn receive<T: Send + Sync + 'static>(
         }
     }
     // Past its deadline already: expired from its headers alone, before any queueing.
-    if item.deadline.is_some_and(|d| d <= now) {
+    if item.deadline().is_some_and(|d| d <= now) {
         inner.expire_at_intake(item);
         return None;
     }
