@@ -104,7 +104,7 @@ impl LagProbe {
                 .fetch_watermarks(e.topic(), e.partition(), self.timeout)
                 .ok()?;
             match e.offset() {
-                Offset::Offset(pos) => total += behind(high, pos),
+                Offset::Offset(pos) => total = add_behind(total, high, pos),
                 _ => {
                     unknown.add_partition(e.topic(), e.partition());
                     pending.push((low, high));
@@ -121,7 +121,7 @@ impl LagProbe {
                 _ if self.from_earliest => low,
                 _ => high,
             };
-            total += behind(high, start);
+            total = add_behind(total, high, start);
         }
         Some(total)
     }
@@ -130,6 +130,12 @@ impl LagProbe {
 /// Records from `position` up to the high watermark (0 past it).
 fn behind(high: i64, position: i64) -> u64 {
     u64::try_from(high.saturating_sub(position)).unwrap_or(0)
+}
+
+/// `total` plus the records from `position` up to `high`: the watermarks are the broker's, so
+/// the sum saturates (three partitions each reported `i64::MAX` behind would pass `u64::MAX`).
+fn add_behind(total: u64, high: i64, position: i64) -> u64 {
+    total.saturating_add(behind(high, position))
 }
 
 #[cfg(test)]
@@ -142,5 +148,14 @@ mod tests {
         assert_eq!(behind(100, 100), 0);
         assert_eq!(behind(5, 9), 0);
         assert_eq!(Lag::default().broker(), None);
+    }
+
+    #[test]
+    fn watermarks_from_the_broker_sum_saturating() {
+        // Whatever the broker reports: a position at i64::MIN, a high watermark at i64::MAX,
+        // on three partitions.
+        let total = (0..3).fold(0, |t, _| add_behind(t, i64::MAX, i64::MIN));
+        assert_eq!(total, u64::MAX);
+        assert_eq!(add_behind(add_behind(0, 100, 30), 10, 0), 80);
     }
 }
