@@ -7,6 +7,9 @@ use triage::{ConfigError, Criticality, PerTier};
 
 use crate::ReconnectConfig;
 
+/// The longest timestamp window, in milliseconds: a year, as on the Kafka source.
+const YEAR_MS: u64 = 31_536_000_000;
+
 /// Configuration of an [`AmqpSource`](crate::AmqpSource): where to consume, how to classify,
 /// how much to prefetch.
 ///
@@ -189,7 +192,8 @@ impl AmqpSourceConfig {
     ///
     /// [`ConfigError`] naming the first field out of range: `queue` (empty), `prefetch`
     /// (outside `1..=min(queue_capacity, 65535)`), `max_payload_bytes` (0),
-    /// `classify.priority.*` (not increasing), `shutdown_timeout_ms` (0 or above 10 min),
+    /// `classify.priority.*` (not increasing), `deadline.timestamp_window_ms.<tier>` (0 or
+    /// above a year), `shutdown_timeout_ms` (0 or above 10 min),
     /// `reconnect.*`.
     pub fn validate(&self, queue_capacity: usize) -> Result<(), ConfigError> {
         if self.queue.is_empty() && self.tier_queues.is_empty() {
@@ -249,6 +253,15 @@ impl AmqpSourceConfig {
             .priority
             .validate()
             .map_err(|e| e.within("classify.priority"))?;
+        for (tier, window) in self.deadline.timestamp_window_ms.iter() {
+            if window.is_some_and(|w| !(1..=YEAR_MS).contains(&w)) {
+                return Err(ConfigError::new(
+                    format!("deadline.timestamp_window_ms.{tier}"),
+                    window.unwrap_or_default(),
+                    format!("1..={YEAR_MS} (a year)"),
+                ));
+            }
+        }
         if !(10..=600_000).contains(&self.lag_refresh_ms) {
             return Err(ConfigError::new(
                 "lag_refresh_ms",
@@ -646,7 +659,8 @@ impl PriorityMapping {
 #[serde(default, deny_unknown_fields)]
 pub struct DeadlineConfig {
     /// Usefulness window after the `timestamp` property, per tier, in milliseconds. Default
-    /// none for every tier (the timestamp alone gives no deadline).
+    /// none for every tier (the timestamp alone gives no deadline). Allowed
+    /// `1..=31_536_000_000` (a year).
     pub timestamp_window_ms: PerTier<Option<u64>>,
     /// Whether the `expiration` property gives a deadline. Default `true`.
     pub use_expiration: bool,
@@ -778,5 +792,30 @@ mod tests {
         assert_eq!(c.deadline.timestamp_window_ms.high, None);
         assert!(c.dead_letter_via_sink);
         assert!(toml::from_str::<AmqpSourceConfig>("quue = 1").is_err());
+    }
+
+    #[test]
+    fn timestamp_windows_are_bounded_like_the_kafka_sources() {
+        for (window, ok) in [(1, true), (YEAR_MS, true), (0, false), (YEAR_MS + 1, false)] {
+            let mut c = AmqpSourceConfig::new("amqp://x", "q");
+            c.deadline.timestamp_window_ms.high = Some(window);
+            match c.validate(100) {
+                Ok(()) => assert!(ok, "{window} accepted"),
+                Err(e) => {
+                    assert!(!ok, "{window} refused: {e}");
+                    assert_eq!(e.field(), "deadline.timestamp_window_ms.high");
+                    assert_eq!(e.allowed(), "1..=31536000000 (a year)");
+                }
+            }
+        }
+        // From a file, out of range: refused by name.
+        let c: AmqpSourceConfig = toml::from_str(
+            "queue = \"q\"\n[deadline.timestamp_window_ms]\ncritical = 9223372036854775807\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.validate(100).unwrap_err().field(),
+            "deadline.timestamp_window_ms.critical"
+        );
     }
 }
