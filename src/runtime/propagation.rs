@@ -129,12 +129,13 @@ impl Propagation {
     }
 
     /// The deadline cut to at most `budget` from now (wall clock): a stage may give its
-    /// follow-up work less time than it has left, never more.
+    /// follow-up work less time than it has left, never more. A budget beyond what the wall
+    /// clock can hold (`Duration::MAX`, "no limit") cuts nothing.
     #[must_use]
     pub fn within(self, budget: Duration) -> Self {
-        let cap = SystemTime::now()
-            .checked_add(budget)
-            .unwrap_or_else(SystemTime::now);
+        let Some(cap) = SystemTime::now().checked_add(budget) else {
+            return self;
+        };
         let deadline = Some(self.deadline.map_or(cap, |d| d.min(cap)));
         Propagation { deadline, ..self }
     }
@@ -173,5 +174,15 @@ mod tests {
         let none = Propagation::new(Criticality::High, None);
         assert_eq!(none.headers().count(), 1);
         assert!(none.within(Duration::from_secs(1)).deadline().is_some());
+    }
+
+    #[test]
+    fn a_budget_too_large_for_the_clock_cuts_nothing() {
+        let soon = SystemTime::now() + Duration::from_secs(60);
+        let p = Propagation::new(Criticality::Medium, Some(soon));
+        assert_eq!(p.within(Duration::MAX).deadline(), Some(soon));
+        let none = Propagation::new(Criticality::High, None);
+        assert_eq!(none.within(Duration::MAX).deadline(), None);
+        assert_eq!(none.within(Duration::MAX).remaining(), None);
     }
 }
