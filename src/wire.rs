@@ -232,7 +232,9 @@ pub fn parse_retry_after(value: &[u8]) -> Option<Duration> {
     if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    // Past 6 digits the value is above the cap anyway; no need to parse it.
+    // Past 6 significant digits the value is above the cap anyway; no need to parse it.
+    let zeros = digits.iter().take_while(|&&b| b == b'0').count();
+    let digits = &digits[zeros..];
     if digits.len() > 6 {
         return Some(MAX_RETRY_AFTER);
     }
@@ -410,6 +412,25 @@ mod tests {
             parse_retry_after(format_retry_after(wait).as_bytes()),
             Some(wait)
         );
+    }
+
+    #[test]
+    fn retry_after_with_leading_zeros_is_its_value() {
+        // Seven digits or more are above the cap only when the leading ones are not zeros.
+        assert_eq!(
+            parse_retry_after(b"0000000001"),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(parse_retry_after(b"0000000"), Some(Duration::ZERO));
+        assert_eq!(
+            parse_retry_after(b"000000000000000000000086400"),
+            Some(MAX_RETRY_AFTER)
+        );
+        assert_eq!(
+            parse_retry_after(b"0000000086399"),
+            Some(Duration::from_secs(86_399))
+        );
+        assert_eq!(parse_retry_after(b"0001000000"), Some(MAX_RETRY_AFTER));
     }
 
     #[test]
