@@ -303,7 +303,7 @@ async fn classifies_from_priority_and_trusted_header_and_counts_the_rest() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deadline_too_far_to_represent_never_expires_instead_of_crashing_the_source() {
+async fn a_deadline_too_far_for_the_clock_is_held_to_a_year_instead_of_crashing_the_source() {
     let (_conn, ch) = admin().await;
     let q = rand_queue("far-deadline");
     declare(&ch, &q, FieldTable::default()).await;
@@ -325,18 +325,27 @@ async fn a_deadline_too_far_to_represent_never_expires_instead_of_crashing_the_s
         deadline(AMQPValue::LongLongInt(soon)),
     ];
     publish_n(&ch, &q, cases.len(), b"x", |i| cases[i].clone()).await;
+    // A clock that stands still: each deadline is read against the same now.
+    let (clock, _mock) = triage::quanta::Clock::mock();
+    let now = clock.now();
     let mut source = AmqpSource::connect(config(&q, 10), capacity(10))
         .await
-        .unwrap();
-    let mut got = Vec::new();
+        .unwrap()
+        .with_clock(clock);
+    let mut ahead = Vec::new();
     for _ in 0..cases.len() {
         let env = source.next().await.unwrap();
-        got.push(env.deadline.is_some());
+        ahead.push(env.deadline.map(|d| d.duration_since(now)));
         env.ack.resolve(Disposition::Completed);
     }
-    // Too far to represent on the clock: no deadline (never expires), as on Kafka; the near
-    // one is kept.
-    assert_eq!(got, [false, false, false, true]);
+    // Too far for the clock: held to the furthest a deadline from outside goes
+    // (wire::deadline_after); the near one keeps its own (less the time since it was written).
+    let year = Some(triage::wire::MAX_DEADLINE_AHEAD);
+    assert_eq!(ahead[..3], [year, year, year]);
+    assert!(
+        ahead[3].is_some_and(|a| a <= Duration::from_secs(60)),
+        "{ahead:?}"
+    );
     source.shutdown().await;
     assert_eq!(source.stats().acked, 4);
     delete(&ch, &q).await;

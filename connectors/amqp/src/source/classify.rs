@@ -120,13 +120,15 @@ impl Classifier {
 }
 
 /// The instant on the clock matching wall-clock deadline `at_unix_ms`, for a clock that read
-/// `now` while the wall clock read `now_unix_ms`. A deadline already passed maps to `now`
-/// (expired at the first look); one too far to represent on the clock (any publisher can write
-/// `i64::MAX`) maps to `None`, never expires, as on the Kafka source.
-pub(crate) fn deadline_at(now: Instant, now_unix_ms: u64, at_unix_ms: u64) -> Option<Instant> {
-    now.checked_add(Duration::from_millis(
-        at_unix_ms.saturating_sub(now_unix_ms),
-    ))
+/// `now` while the wall clock read `now_unix_ms`, by [`wire::deadline_after`], the one mapping
+/// of a deadline from outside onto the clock: a deadline already passed maps to `now` (expired
+/// at the first look); one further ahead than [`wire::MAX_DEADLINE_AHEAD`] (any publisher can
+/// write `i64::MAX`) is held to it.
+pub(crate) fn deadline_at(now: Instant, now_unix_ms: u64, at_unix_ms: u64) -> Instant {
+    wire::deadline_after(
+        now,
+        Duration::from_millis(at_unix_ms.saturating_sub(now_unix_ms)),
+    )
 }
 
 fn tier_from_value(value: &AMQPValue) -> Result<Criticality, Unclassified> {
@@ -342,14 +344,18 @@ mod tests {
         let wall = 1_700_000_000_000;
         assert_eq!(
             deadline_at(now, wall, wall + 250),
-            Some(now + Duration::from_millis(250))
+            now + Duration::from_millis(250)
         );
         // Already passed: now, expired at the first look.
-        assert_eq!(deadline_at(now, wall, 5), Some(now));
-        assert_eq!(deadline_at(now, wall, wall), Some(now));
-        // Beyond the clock's range (about 584 years of nanoseconds): no deadline.
+        assert_eq!(deadline_at(now, wall, 5), now);
+        assert_eq!(deadline_at(now, wall, wall), now);
+        // Any publisher may write these: held to the furthest a deadline from outside goes.
         for at in [u64::MAX, i64::MAX as u64, 99_999_999_999_999] {
-            assert_eq!(deadline_at(now, wall, at), None, "{at}");
+            assert_eq!(
+                deadline_at(now, wall, at).duration_since(now),
+                wire::MAX_DEADLINE_AHEAD,
+                "{at}"
+            );
         }
     }
 

@@ -54,6 +54,6 @@ pub fn classify(
         deadline_unix_ms: c.deadline_unix_ms,
         deadline: c
             .deadline_unix_ms
-            .and_then(|at| deadline_at(now, now_unix_ms, at)),
+            .map(|at| deadline_at(now, now_unix_ms, at)),
     }
 }

@@ -304,7 +304,7 @@ impl AmqpSource {
         }
         let deadline = class
             .deadline_unix_ms
-            .and_then(|at| classify::deadline_at(self.clock.now(), now_unix_ms, at));
+            .map(|at| classify::deadline_at(self.clock.now(), now_unix_ms, at));
         let ack = Ack::new(Arc::clone(&self.settler) as Arc<dyn AckSink>, token);
         let message = AmqpMessage::from_delivery(delivery, Arc::clone(&slot.queue));
         Some(

@@ -279,14 +279,13 @@ impl Anchor {
     }
 
     /// The instant on the clock matching wall-clock `deadline_ms` (Unix milliseconds): `now +
-    /// (deadline - wall now)`. A deadline already passed maps to `now` (expired at the first
-    /// look); one too far to represent maps to `None` (never expires).
-    pub(crate) fn deadline(&self, deadline_ms: i64) -> Option<Instant> {
+    /// (deadline - wall now)`, by [`wire::deadline_after`], the one mapping of a deadline from
+    /// outside onto the clock. A deadline already passed maps to `now` (expired at the first
+    /// look); one further ahead than [`wire::MAX_DEADLINE_AHEAD`] is held to it.
+    pub(crate) fn deadline(&self, deadline_ms: i64) -> Instant {
         let target = UNIX_EPOCH + Duration::from_millis(u64::try_from(deadline_ms).unwrap_or(0));
-        match target.duration_since(self.wall) {
-            Ok(ahead) => self.now.checked_add(ahead),
-            Err(_) => Some(self.now),
-        }
+        let ahead = target.duration_since(self.wall).unwrap_or(Duration::ZERO);
+        wire::deadline_after(self.now, ahead)
     }
 }
 
@@ -438,15 +437,20 @@ mod tests {
         let (clock, _mock) = Clock::mock();
         let now = clock.now();
         let anchor = Anchor::read(&clock);
-        assert_eq!(anchor.deadline(0), Some(now));
-        assert_eq!(anchor.deadline(-1), Some(now));
-        let far = anchor.deadline(i64::MAX);
-        assert!(far.is_none() || far > Some(now));
+        assert_eq!(anchor.deadline(0), now);
+        assert_eq!(anchor.deadline(-1), now);
+        // Any producer may write these: held to the furthest a deadline from outside goes.
+        for far in [i64::MAX, 99_999_999_999_999] {
+            assert_eq!(
+                anchor.deadline(far).duration_since(now),
+                wire::MAX_DEADLINE_AHEAD
+            );
+        }
         let wall = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap()
             .as_millis() as i64;
-        let soon = anchor.deadline(wall + 60_000).unwrap();
+        let soon = anchor.deadline(wall + 60_000);
         let ahead = soon.duration_since(now);
         assert!(ahead <= Duration::from_secs(60) && ahead >= Duration::from_secs(50));
     }

@@ -68,7 +68,7 @@ pub fn classify(
     Classification {
         criticality: c.criticality,
         deadline_ms: c.deadline_ms,
-        deadline: c.deadline_ms.and_then(|ms| anchor.deadline(ms)),
+        deadline: c.deadline_ms.map(|ms| anchor.deadline(ms)),
         tier_problem: c.tier_problem,
         deadline_problem: c.deadline_problem,
         count_problem: c.count_problem,

@@ -345,7 +345,7 @@ impl PollLoop {
             timestamp_ms,
         };
         let size = message.size_bytes();
-        let deadline = classified.deadline_ms.and_then(|ms| {
+        let deadline = classified.deadline_ms.map(|ms| {
             anchor
                 .get_or_insert_with(|| Anchor::read(&self.clock))
                 .deadline(ms)
