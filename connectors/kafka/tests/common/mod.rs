@@ -136,9 +136,21 @@ pub fn committed(group: &str, topic: &str) -> Option<i64> {
         .expect("consumer");
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, 0);
-    let got = consumer
-        .committed_offsets(tpl, Duration::from_secs(30))
-        .expect("committed offsets");
+    // The group coordinator can answer NotCoordinator or CoordinatorLoadInProgress while it
+    // moves or loads (a broker busy with other tests' groups): retriable, as librdkafka's own
+    // clients treat it; the question is asked again, up to the hang guard's patience.
+    let mut attempts = 0;
+    let got = loop {
+        match consumer.committed_offsets(tpl.clone(), Duration::from_secs(30)) {
+            Ok(got) => break got,
+            Err(e) if attempts < 20 => {
+                attempts += 1;
+                eprintln!("committed offsets of {group}: {e}; asking again");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => panic!("committed offsets: {e}"),
+        }
+    };
     match got.elements()[0].offset() {
         Offset::Offset(o) => Some(o),
         _ => None,
