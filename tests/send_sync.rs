@@ -12,7 +12,7 @@ use triage::limit::{ConcurrencyLimit, Limiter, Permit, TierShares};
 use triage::ordering::{Arrival, KeyGate, NullKeyOrdering, OrderingConfig, OrderingMode};
 use triage::queue::{Dequeued, Entry, Evictions, PushError, QueueStats, WfqConfig, WfqQueue};
 use triage::runtime::{
-    Ack, ConfigHandle, Envelope, HandlerError, Job, MemoryBroker, MemorySink, MemorySource,
+    Ack, ConfigHandle, Envelope, HandlerError, Job, MemoryBroker, MemorySink, MemorySource, Recall,
     ReconfigureError, Reconfigured, Report, Runtime, RuntimeConfig, RuntimeStats, SinkError,
     SubmitError,
 };
@@ -64,6 +64,7 @@ fn public_types_are_send_and_sync() {
     send_sync::<KeyGate<Cell>>();
     send::<Arrival<Cell>>();
     send_sync::<ConfigHandle>();
+    send_sync::<Recall>();
     send_sync::<Reconfigured>();
     send_sync::<ReconfigureError>();
     send_sync::<BreakerConfig>();

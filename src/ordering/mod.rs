@@ -34,6 +34,7 @@
 //! | refused or evicted under `defer` | **not deferred**: held in place as under `backpressure`, so the key's later messages wait behind it (see below) |
 //! | refused under `backpressure` | held; the key's later messages wait behind it |
 //! | released unprocessed (shutdown) | the key's parked messages are released with it, unacknowledged |
+//! | taken back by its source (its Kafka partition revoked: [`Recall`](crate::runtime::Recall)) | released, never served, with the key's parked messages (all of the same partition); if it is running, the revocation waits for it (bounded) before the partition goes to its next owner |
 //!
 //! A deferred copy is served later, from the defer topic, after the key's later messages
 //! would have been served from the source: deferral counts as "will still be processed", so
@@ -41,6 +42,11 @@
 //! the intake's held buffer and is offered again as capacity returns; the source is paused
 //! when that buffer fills, as for any backpressure), which defers the rest of its key behind
 //! it. A `drop` policy sheds it and releases the next message of its key.
+//!
+//! Across the consumers of a group the promise holds too: when a partition is revoked, the
+//! runtime hands back what it holds of it, unprocessed, and the source lets the partition go
+//! only once the handlers still running its records are done (at most the Kafka source's
+//! `revoke_wait_ms`), so the next owner never runs a key while this one still does.
 //!
 //! Priorities across keys are unchanged: the weighted-fair queue chooses among the messages
 //! whose keys are free. Within a key, order wins over priority: a Critical message parked

@@ -31,6 +31,37 @@ pub trait AckSink: Send + Sync + 'static {
     fn release(&self, token: AckRef) {
         let _ = token;
     }
+
+    /// Whether the message is still this consumer's to process: `false` once its broker took
+    /// it back (its Kafka partition revoked, say). The default says `true`, for a source whose
+    /// broker never takes a message back.
+    ///
+    /// A source that takes messages back through a [`Recall`](crate::runtime::Recall) answers
+    /// `false` for them from before its [`Recall::release_where`](crate::runtime::Recall::release_where)
+    /// call on: the runtime then asks, for every message it took before that call, at the
+    /// places a message moves on (before a handler call, before a held message is offered
+    /// again), and releases those taken back instead. Only messages taken before the latest
+    /// recall are asked about, so it may take a lock; it must not block, nor call into the
+    /// runtime.
+    fn is_current(&self, token: AckRef) -> bool {
+        let _ = token;
+        true
+    }
+}
+
+/// The identity of one [`AckSink`] object (its address): which source a message came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct SinkId(usize);
+
+impl SinkId {
+    pub(crate) fn of(sink: &Arc<dyn AckSink>) -> Self {
+        SinkId(Arc::as_ptr(sink).cast::<()>() as usize)
+    }
+
+    /// The value a worker's slot stores (never 0: an `Arc`'s address).
+    pub(crate) fn get(self) -> usize {
+        self.0
+    }
 }
 
 /// A connector-defined reference to one consumed message: three numbers, so that carrying it
@@ -102,6 +133,18 @@ impl Ack {
     /// The message this handle acknowledges.
     pub fn token(&self) -> AckRef {
         self.token
+    }
+
+    /// Whether the message is still the consumer's to process ([`AckSink::is_current`]);
+    /// `true` for a [`noop`](Ack::noop) handle.
+    pub fn is_current(&self) -> bool {
+        self.sink.as_ref().is_none_or(|s| s.is_current(self.token))
+    }
+
+    /// The sink this handle reports to and the message's reference; `None` for a
+    /// [`noop`](Ack::noop) handle.
+    pub(crate) fn ident(&self) -> Option<(SinkId, AckRef)> {
+        Some((SinkId::of(self.sink.as_ref()?), self.token))
     }
 
     /// Records the final disposition, consuming the handle.

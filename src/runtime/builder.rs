@@ -205,6 +205,7 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             pacing: pacing::Pacing::new(),
             lifecycle: lifecycle::Lifecycle::new(),
             patience: Default::default(),
+            recalls: Default::default(),
             origin,
             clock: self.clock,
         });

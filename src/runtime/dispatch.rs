@@ -135,16 +135,22 @@ impl<T: Send + Sync + 'static> Inner<T> {
 
     /// The last check of a popped item before the handler sees it, with `now` a precise clock
     /// reading taken since it was popped (the batch's, or the previous handler's end): the one
-    /// place to refuse a popped item. Its deadline, exactly (an item whose deadline passed is
-    /// never served); its circuit, which may have opened while it was queued, or be half-open
-    /// with every probe under way: then it is refused here, before a handler call that would be
-    /// bound to fail. `None`: settled or handed to its policy here. `Some`: the item and the
-    /// breaker's call to report its outcome to ([`record_downstream`](Self::record_downstream)).
+    /// place to refuse a popped item. Whether its source took it back (a revoked partition:
+    /// then it is released, see `recall.rs`; the worker published it in its slot before); its
+    /// deadline, exactly (an item whose deadline passed is never served); its circuit, which
+    /// may have opened while it was queued, or be half-open with every probe under way: then
+    /// it is refused here, before a handler call that would be bound to fail. `None`:
+    /// settled, released or handed to its policy here. `Some`: the item and the breaker's call
+    /// to report its outcome to ([`record_downstream`](Self::record_downstream)).
     pub(crate) fn dispatch_check(
         self: &Arc<Self>,
         mut item: Item<T>,
         now: Instant,
     ) -> Option<(Item<T>, Option<crate::admission::Call>)> {
+        if self.recalls.taken_back(&mut item) {
+            self.release_taken_back_item(item);
+            return None;
+        }
         if let Some(deadline) = item.deadline() {
             if deadline <= now {
                 self.expire(item);

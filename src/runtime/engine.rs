@@ -9,8 +9,9 @@
 //! on a timer -> sampler (sampler.rs) over the signals (signals.rs)
 //! ```
 //!
-//! Pacing (`pacing.rs`), the live levels (`live.rs`), the lifecycle (`lifecycle.rs`) and the
-//! configuration in force (swapped whole by `reconfigure.rs`) are parts too.
+//! Pacing (`pacing.rs`), the live levels (`live.rs`), the lifecycle (`lifecycle.rs`), recalls of
+//! what a source's broker took back (`recall.rs`) and the configuration in force (swapped whole
+//! by `reconfigure.rs`) are parts too.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use crate::runtime::item::{Accounts, Item};
 use crate::runtime::lifecycle::Lifecycle;
 use crate::runtime::live::Live;
 use crate::runtime::pacing::Pacing;
+use crate::runtime::recall::Recalls;
 use crate::runtime::signals::Signals;
 use crate::runtime::RuntimeConfig;
 use crate::Criticality;
@@ -69,6 +71,9 @@ pub(crate) struct Inner<T> {
     pub(crate) lifecycle: Lifecycle,
     /// Hand-backs before a source's broker loses patience (see `patience.rs`).
     pub(crate) patience: crate::runtime::patience::Patience,
+    /// Messages taken back by their source (a revoked partition): the recall generation and
+    /// what each worker runs (see `recall.rs`).
+    pub(crate) recalls: Arc<Recalls>,
     pub(crate) clock: Clock,
     pub(crate) origin: Instant,
 }

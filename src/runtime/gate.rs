@@ -86,7 +86,7 @@ pub(crate) fn decide(offered: Offered, checks: &mut impl Checks) -> Result<Grant
     if !admits_at(checks.forced_level(), tier) {
         return Err(Refusal::Forced);
     }
-    let pulled = offered.origin == Origin::Pulled;
+    let pulled = offered.origin != Origin::Pushed;
     if pulled && !admits_at(checks.shed_level(), tier) && checks.workers_busy() {
         return Err(Refusal::Overloaded);
     }

@@ -10,6 +10,7 @@ use quanta::Instant;
 
 use crate::admission::{CircuitBreaker, Decision, Decisions, MemoryBudget};
 use crate::ledger::{Disposition, Ledger};
+use crate::runtime::ack::SinkId;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::refusal::Refusal;
 use crate::runtime::{Ack, Envelope};
@@ -136,8 +137,12 @@ pub(crate) struct Settled<T> {
 /// Where a message came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Origin {
-    /// Pulled from an attached source: admitted by the pull-based level.
+    /// Pulled from an attached source: admitted by the pull-based level, and counted in the
+    /// arrival it measures.
     Pulled,
+    /// Pulled from a drain (deferred work coming back, `Runtime::attach_drain`): admitted by
+    /// the pull-based level, not counted in its arrival.
+    Drained,
     /// Offered by an in-process producer (`try_submit`): admitted by queue age, not by the
     /// pull-based level.
     Pushed,
@@ -233,6 +238,10 @@ pub(crate) struct Item<T> {
     /// [`ACKED`]: an `Option<Ack>` would take 8 more bytes, and an item is moved several times
     /// per message).
     ack: Ack,
+    /// The runtime's recall generation when it was pulled (read before the pull), or when its
+    /// source last said it still has it: a recall since then may have taken it back (see
+    /// `recall.rs`). Sixteen bits: within [`ITEM_BYTES`].
+    pub(crate) recall_stamp: u16,
     accounts: Arc<Accounts>,
 }
 
@@ -279,6 +288,7 @@ impl<T> Item<T> {
             },
             last_refusal: None,
             ack: env.ack,
+            recall_stamp: 0,
             accounts: Arc::clone(accounts),
         }
     }
@@ -436,6 +446,23 @@ impl<T> Item<T> {
             bytes,
             payload,
         }
+    }
+
+    /// Whether its source still has it to process ([`AckSink::is_current`]); `true` once its
+    /// ack was taken.
+    ///
+    /// [`AckSink::is_current`]: crate::runtime::AckSink::is_current
+    pub(crate) fn is_current(&self) -> bool {
+        self.flags & ACKED != 0 || self.ack.is_current()
+    }
+
+    /// Its ack's sink and reference, while the ack is not taken and reports somewhere.
+    #[inline]
+    pub(crate) fn ack_ident(&self) -> Option<(SinkId, crate::runtime::AckRef)> {
+        if self.flags & ACKED != 0 {
+            return None;
+        }
+        self.ack.ident()
     }
 
     /// The ack, the first time: `None` once taken.

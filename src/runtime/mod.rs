@@ -47,6 +47,7 @@ mod pacing;
 mod patience;
 mod policy;
 mod propagation;
+mod recall;
 mod reconfigure;
 mod refusal;
 mod report;
@@ -72,6 +73,7 @@ pub use envelope::Envelope;
 pub use job::{HandlerError, Job, LoadLevel};
 pub use memory_broker::{AckCounts, MemoryBroker, MemorySink, MemorySource};
 pub use propagation::{Propagation, RaiseCriticalityError};
+pub use recall::Recall;
 pub use reconfigure::{ConfigHandle, ReconfigureError, Reconfigured, FIXED};
 pub use report::{Report, RuntimeStats};
 pub use sink::{DeadLetterSink, DeferReason, DeferSink, Republish, SinkError};
@@ -192,8 +194,9 @@ impl<T: Send + Sync + 'static> Runtime<T> {
         self.attach_mode(source, intake::Mode::Drain);
     }
 
-    fn attach_mode<S: Source<Payload = T>>(&mut self, source: S, mode: intake::Mode) {
+    fn attach_mode<S: Source<Payload = T>>(&mut self, mut source: S, mode: intake::Mode) {
         self.inner.track_patience(source.patience());
+        source.attached(Recall::new(&self.inner));
         self.inner.lifecycle.pulling.fetch_add(1, Ordering::AcqRel);
         self.inner
             .accounts
@@ -260,6 +263,7 @@ impl<T: Send + Sync + 'static> Runtime<T> {
         }
         let mut item = item::Item::consumed(envelope, &inner.accounts);
         item.origin = item::Origin::Pushed;
+        item.recall_stamp = inner.recalls.stamp();
         inner.map_downstream(&mut item);
         // Parked behind its key: taken, offered when the key's earlier message is settled.
         let Some(item) = inner.pass_gate(item) else {

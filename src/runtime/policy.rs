@@ -132,13 +132,17 @@ impl<T: Send + Sync + 'static> Inner<T> {
     }
 
     /// Backpressure outside a source: keep offering until taken. On shutdown the item is
-    /// dropped, which releases it unacknowledged.
+    /// dropped, which releases it unacknowledged; so is one its source took back.
     pub(crate) async fn hold_until_queued(self: &Arc<Self>, mut item: Item<T>) {
         self.signals.held.fetch_add(1, Ordering::Relaxed);
         loop {
             tokio::select! {
                 _ = self.lifecycle.stop.cancelled() => break,
                 _ = tokio::time::sleep(self.poll_interval()) => {}
+            }
+            if self.recalls.taken_back(&mut item) {
+                self.signals.held.fetch_sub(1, Ordering::Relaxed);
+                return self.release_taken_back_item(item);
             }
             let now = self.clock.now();
             if item.deadline().is_some_and(|d| d <= now) {

@@ -90,6 +90,15 @@ pub trait Source: Send + 'static {
         0
     }
 
+    /// Called once, when a runtime attaches this source, before its first
+    /// [`next`](Source::next): the handle through which the source takes back messages the
+    /// runtime holds when its broker takes them back (a Kafka partition revoked and given to
+    /// another consumer): see [`Recall`](crate::runtime::Recall). A source whose broker never
+    /// does ignores it (the default).
+    fn attached(&mut self, recall: crate::runtime::Recall) {
+        let _ = recall;
+    }
+
     /// The runtime is stopping: every message it took has been resolved or released. Make the
     /// final synchronous acknowledgement (Kafka: commit the watermark) and return. Must return
     /// even when the broker is unreachable; the runtime also bounds it by its grace period.

@@ -167,6 +167,8 @@ struct Local<T> {
     streak: u32,
     /// Mean handler time, exponentially weighted (1/8), ns.
     mean_ns: u64,
+    /// Where this worker publishes the message it runs, for a recall to wait for it.
+    running: crate::runtime::recall::Slot,
 }
 
 impl<T> Local<T> {
@@ -213,6 +215,7 @@ where
         tokens: Vec::with_capacity(MAX_BATCH),
         streak: 0,
         mean_ns: u64::MAX,
+        running: inner.recalls.slot(),
     };
     loop {
         let max = local.batch_size();
@@ -291,7 +294,10 @@ where
             p
         }
     };
+    // Published before the check reads the recall generation (see `recall.rs`).
+    local.running.enter(&item);
     let Some((mut item, call)) = inner.dispatch_check(item, now) else {
+        local.running.leave();
         drop(permit);
         if local.batch.is_empty() {
             local.flush(inner);
@@ -385,6 +391,8 @@ where
                 .await;
         }
     }
+    // Settled (a keyed one at once, so its acknowledgement is in), or handed to a retry.
+    local.running.leave();
     finished
 }
 

@@ -164,6 +164,37 @@ impl<T: Send + Sync + 'static> HeldBuffer<T> {
         }
     }
 
+    /// Takes out the held messages (for load and for their circuit) for which `pred` returns
+    /// `true`, counted out of the runtime's held messages; the others keep their order. For
+    /// messages that must leave without being offered again: those their source took back
+    /// (`recall.rs`). Each message is past the key gate: the caller frees its key.
+    pub(crate) fn drain_where(
+        &mut self,
+        inner: &Inner<T>,
+        mut pred: impl FnMut(&mut Item<T>) -> bool,
+    ) -> Vec<Item<T>> {
+        let mut out = Vec::new();
+        for list in [&mut self.items, &mut self.circuit] {
+            if list.is_empty() {
+                continue;
+            }
+            let mut kept = VecDeque::with_capacity(list.len());
+            for mut item in list.drain(..) {
+                if pred(&mut item) {
+                    out.push(item);
+                } else {
+                    kept.push_back(item);
+                }
+            }
+            *list = kept;
+        }
+        inner
+            .signals
+            .held
+            .fetch_sub(out.len() as i64, Ordering::Relaxed);
+        out
+    }
+
     /// Messages held for load and for their circuit: what `max_held` bounds.
     pub(crate) fn len(&self) -> usize {
         self.items.len() + self.circuit.len()

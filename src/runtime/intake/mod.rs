@@ -79,8 +79,9 @@ fn take<T: Send + Sync + 'static>(
     mode: Mode,
     envelope: crate::runtime::Envelope<T>,
     patience: Option<Duration>,
+    stamp: u16,
 ) {
-    if let Some(item) = receive(inner, mode, envelope, patience) {
+    if let Some(item) = receive(inner, mode, envelope, patience, stamp) {
         held.offer_new(inner, item);
     }
 }
@@ -137,12 +138,23 @@ pub(crate) async fn run<S: Source>(
     let mut paused_tiers = TierMask::NONE;
     // When the source may next be asked to release what waited too long in its own buffer.
     let mut next_release = tokio::time::Instant::now();
+    let mut recalls_seen = inner.recalls.stamp();
     loop {
         // A worker may be pulling (only while `open`, cleared when this intake woke): it holds
         // the source for one batch at most.
         let mut source = shared.source.lock().await;
         for (rank, offer) in shared.returned.lock().drain(..) {
             held.absorb(&inner, rank, offer);
+        }
+        // Read before this turn's pulls, to stamp what they take (see `recall.rs`); what the
+        // source took back since the last turn leaves the held buffer, released.
+        let stamp = inner.recalls.stamp();
+        if stamp != recalls_seen {
+            let recalls = &inner.recalls;
+            for item in held.drain_where(&inner, |item| recalls.taken_back(item)) {
+                inner.release_taken_back_item(item);
+            }
+            recalls_seen = stamp;
         }
         if shared.finished.load(Ordering::Acquire) {
             finished = true;
@@ -246,7 +258,7 @@ pub(crate) async fn run<S: Source>(
             }
         };
         let patience = source.patience();
-        take(&inner, &mut held, mode, envelope, patience);
+        take(&inner, &mut held, mode, envelope, patience, stamp);
         // Messages the source already has are taken in the same turn, up to `PULL_BATCH`,
         // without the per-pull work above (the stop signal's registration, the lag, the
         // sweep, the pause state): each is still admitted on its own, and the limits that
@@ -261,7 +273,9 @@ pub(crate) async fn run<S: Source>(
                     break;
                 }
                 match source.next().now_or_never() {
-                    Some(Some(envelope)) => take(&inner, &mut held, mode, envelope, patience),
+                    Some(Some(envelope)) => {
+                        take(&inner, &mut held, mode, envelope, patience, stamp)
+                    }
                     Some(None) => {
                         finished = true;
                         break;

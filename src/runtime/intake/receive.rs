@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::runtime::engine::Inner;
-use crate::runtime::item::Item;
+use crate::runtime::item::{Item, Origin};
 
 /// How a source is pulled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,21 +41,26 @@ pub(crate) const PULL_BATCH: usize = 32;
 
 /// What every pulled message goes through before its offer, whoever pulled it (the intake, or
 /// a worker pulling for it): counted, given its hand-back instant if its source has a
-/// `patience`, expired at once if its deadline passed, through the key gate. `None` when it was
-/// settled or parked here.
+/// `patience`, stamped with the recall generation `stamp` read before the pull (see
+/// `recall.rs`), expired at once if its deadline passed, through the key gate. `None` when it
+/// was settled or parked here.
 pub(crate) fn receive<T: Send + Sync + 'static>(
     inner: &Arc<Inner<T>>,
     mode: Mode,
     envelope: crate::runtime::Envelope<T>,
     patience: Option<Duration>,
+    stamp: u16,
 ) -> Option<Item<T>> {
     let tier = envelope.criticality;
     let waited = envelope.waited;
     let mut item = Item::consumed(envelope, &inner.accounts);
     item.set_hand_back_at(inner.hand_back_at(patience, waited));
+    item.recall_stamp = stamp;
     inner.map_downstream(&mut item);
     let now = crate::queue::time::recent(&inner.clock);
-    if mode == Mode::Normal {
+    if mode == Mode::Drain {
+        item.origin = Origin::Drained;
+    } else {
         inner.signals.pulled[tier.rank()].fetch_add(1, Ordering::Relaxed);
         // The deadline slack it arrives with: what admission predicts deadline misses from.
         // In µs, at most `u32::MAX` (71 minutes) each, so the sum lasts 4 billion messages.

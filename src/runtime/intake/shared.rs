@@ -54,6 +54,8 @@ where
         }
         let prefetch = inner.prefetch();
         let max_parked = inner.config().max_parked.get();
+        // Read before the pulls, to stamp what they take (see `recall.rs`).
+        let stamp = inner.recalls.stamp();
         let mut offered = false;
         let mut hand_back = false;
         for _ in 0..PULL_BATCH {
@@ -79,7 +81,8 @@ where
                     break;
                 }
             };
-            let Some(item) = receive(inner, Mode::Normal, envelope, source.patience()) else {
+            let patience = source.patience();
+            let Some(item) = receive(inner, Mode::Normal, envelope, patience, stamp) else {
                 continue;
             };
             let rank = item.tier().rank();
