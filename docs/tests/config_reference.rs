@@ -276,6 +276,7 @@ fn kafka_source_config() {
     let defaults = toml_leaves(&KafkaSourceConfig::default(), &rows);
     let mut full = KafkaSourceConfig::default();
     full.deadline.window_ms.critical = Some(1);
+    full.revoke_wait_ms = Some(1);
     full.criticality
         .topic_tiers
         .insert("t".into(), Criticality::High);

@@ -15,6 +15,8 @@
 //! | `triage_kafka_stale_acks_total` | counter | | dispositions for a partition no longer owned (ignored, never stored) |
 //! | `triage_kafka_pauses_total` | counter | `cause` (`runtime`, `buffer`) | times the assignment was paused |
 //! | `triage_kafka_client_restarts_total` | counter | `reason` (`fatal`) | consumer clients replaced after a fatal error |
+//! | `triage_kafka_revoke_released_total` | counter | | records of revoked partitions the runtime held (queued or parked) and handed back unprocessed at the revocation |
+//! | `triage_kafka_revoke_wait_exceeded_total` | counter | | revocations that let their partitions go while handlers of theirs still ran (`revoke_wait_ms` ran out): key order may break across members |
 //! | `triage_kafka_published_total` | counter | `destination` (`defer`, `dead_letter`, `dead_letter_reference`), `result` (`ok`, `rejected`, `not_confirmed`, `unavailable`) | sink publishes by outcome |
 
 use metrics::{counter, gauge, Unit};
@@ -39,9 +41,13 @@ pub const PAUSES_TOTAL: &str = "triage_kafka_pauses_total";
 pub const CLIENT_RESTARTS_TOTAL: &str = "triage_kafka_client_restarts_total";
 /// Counter: sink publishes, by destination and result.
 pub const PUBLISHED_TOTAL: &str = "triage_kafka_published_total";
+/// Counter: records of revoked partitions handed back unprocessed at the revocation.
+pub const REVOKE_RELEASED_TOTAL: &str = "triage_kafka_revoke_released_total";
+/// Counter: revocations whose wait for running handlers ran out.
+pub const REVOKE_WAIT_EXCEEDED_TOTAL: &str = "triage_kafka_revoke_wait_exceeded_total";
 
 /// Every metric's `# HELP` text, beside its name: `(name, is_gauge, help)`.
-const HELP: [(&str, bool, &str); 9] = [
+const HELP: [(&str, bool, &str); 11] = [
     (
         COMMITTED_OFFSET,
         true,
@@ -86,6 +92,16 @@ const HELP: [(&str, bool, &str); 9] = [
         PUBLISHED_TOTAL,
         false,
         "Defer and dead-letter publishes, by destination and result.",
+    ),
+    (
+        REVOKE_RELEASED_TOTAL,
+        false,
+        "Records of revoked partitions the runtime held (queued or parked), handed back unprocessed at the revocation for the next owner.",
+    ),
+    (
+        REVOKE_WAIT_EXCEEDED_TOTAL,
+        false,
+        "Revocations that let their partitions go while handlers of theirs still ran (revoke_wait_ms ran out): key order may break across members.",
     ),
 ];
 
@@ -162,6 +178,14 @@ pub(crate) fn published(destination: &'static str, result: &'static str) {
     counter!(PUBLISHED_TOTAL, "destination" => destination, "result" => result).increment(1);
 }
 
+pub(crate) fn revoke_released(n: u64) {
+    counter!(REVOKE_RELEASED_TOTAL).increment(n);
+}
+
+pub(crate) fn revoke_wait_exceeded() {
+    counter!(REVOKE_WAIT_EXCEEDED_TOTAL).increment(1);
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
@@ -189,6 +213,8 @@ mod tests {
             pause("runtime");
             client_restart("fatal");
             published("defer", "ok");
+            revoke_released(1);
+            revoke_wait_exceeded();
         });
         let scrape = handle.render();
         let helped: BTreeSet<&str> = HELP.iter().map(|(n, _, _)| *n).collect();

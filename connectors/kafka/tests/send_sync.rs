@@ -13,6 +13,7 @@ fn public_types_are_send_and_sync() {
     send_sync::<triage_kafka::KafkaSourceBuilder>();
     send_sync::<triage_kafka::Error>();
     send_sync::<triage_kafka::source::SourceStats>();
+    send_sync::<triage_kafka::source::StatsHandle>();
     send_sync::<triage_kafka::source::UnclassifiedReason>();
     send_sync::<triage_kafka::source::MessageMeta<'static>>();
 }

@@ -18,6 +18,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use crate::Error;
 
+use super::link::RuntimeLink;
 use super::offsets::{Offsets, SourceContext};
 
 /// Shortest pause before a replacement that follows another one within [`CALM`].
@@ -44,16 +45,23 @@ pub(crate) struct ClientFactory {
     pub(crate) config: ClientConfig,
     pub(crate) topics: Vec<String>,
     pub(crate) offsets: Arc<Offsets>,
+    pub(crate) link: Arc<RuntimeLink>,
     last_replaced: Option<Instant>,
     backoff: Duration,
 }
 
 impl ClientFactory {
-    pub(crate) fn new(config: ClientConfig, topics: Vec<String>, offsets: Arc<Offsets>) -> Self {
+    pub(crate) fn new(
+        config: ClientConfig,
+        topics: Vec<String>,
+        offsets: Arc<Offsets>,
+        link: Arc<RuntimeLink>,
+    ) -> Self {
         ClientFactory {
             config,
             topics,
             offsets,
+            link,
             last_replaced: None,
             backoff: Duration::ZERO,
         }
@@ -69,6 +77,7 @@ impl ClientFactory {
             .config
             .create_with_context(SourceContext {
                 offsets: Arc::clone(&self.offsets),
+                link: Arc::clone(&self.link),
                 client: self.offsets.client(),
             })
             .map_err(Error::Client)?;
@@ -98,7 +107,12 @@ mod tests {
 
     #[test]
     fn backoff_grows_while_replacements_keep_coming() {
-        let mut f = ClientFactory::new(ClientConfig::new(), vec![], Arc::default());
+        let offsets: Arc<Offsets> = Arc::default();
+        let acks = Arc::new(super::super::offsets::KafkaAcks {
+            offsets: Arc::clone(&offsets),
+        });
+        let link = Arc::new(RuntimeLink::new(acks, Duration::ZERO));
+        let mut f = ClientFactory::new(ClientConfig::new(), vec![], offsets, link);
         assert_eq!(f.next_backoff(), Duration::ZERO);
         assert_eq!(f.next_backoff(), Duration::from_secs(1));
         assert_eq!(f.next_backoff(), Duration::from_secs(2));

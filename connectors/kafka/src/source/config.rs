@@ -7,6 +7,13 @@ use serde::{Deserialize, Serialize};
 use triage::ordering::OrderingConfig;
 use triage::{wire, ConfigError, Criticality, PerTier};
 
+/// librdkafka's default `max.poll.interval.ms`.
+const DEFAULT_MAX_POLL_INTERVAL_MS: u64 = 300_000;
+
+/// How long a revocation waits for running handlers, unless `revoke_wait_ms` says otherwise or
+/// `max.poll.interval.ms` leaves less room.
+const DEFAULT_REVOKE_WAIT_MS: u64 = 10_000;
+
 /// librdkafka properties the source sets itself; `properties` may not override them.
 const MANAGED_PROPERTIES: [&str; 5] = [
     "bootstrap.servers",
@@ -74,6 +81,28 @@ pub struct KafkaSourceConfig {
     /// (after it the client is abandoned to a background thread). Default 5000; allowed
     /// `1..=600_000`.
     pub close_timeout_ms: u64,
+    /// How long a revocation waits for the handlers still running records of the revoked
+    /// partitions before it commits and lets them go, in milliseconds. Default none: 10000, or
+    /// less where librdkafka's `max.poll.interval.ms` (a `properties` entry, default 300000)
+    /// is small, at most half of it minus `commit_timeout_ms` (0 when that is negative). A
+    /// value given is allowed `0..=` that same bound.
+    ///
+    /// When the source is attached to a runtime, the records of revoked partitions that the
+    /// runtime holds (queued, held, parked behind a key) are handed back unprocessed, for the
+    /// next owner to deliver again, and the handlers already running some are waited for: so
+    /// the next owner never runs a key while this member still runs it (in `key` and
+    /// `partition` ordering), and their completions are in the revocation's commit. A
+    /// handler still running when the wait runs out is left to finish, counted in
+    /// `triage_kafka_revoke_wait_exceeded_total`: the next owner may then run its key at the
+    /// same time. Keep it above the slowest handler call you expect.
+    ///
+    /// The wait runs in the rebalance callback, on the thread that polls the consumer, which
+    /// polls nothing meanwhile; librdkafka counts `max.poll.interval.ms` from the poll that
+    /// delivered the callback (rdkafka runs the callback after librdkafka's poll returned), so
+    /// the wait and the commit after it must end well inside it, or the member is taken out
+    /// of the group. Heartbeats go on from librdkafka's own thread. The other members wait for
+    /// this one to rejoin meanwhile: the whole group's rebalance lasts as long.
+    pub revoke_wait_ms: Option<u64>,
     /// Period of the lag measurement (`Source::lag`: the high watermark minus the position,
     /// summed over the assigned partitions, queried from the broker on a thread of its own),
     /// in milliseconds. Default 250; allowed `10..=3_600_000`. Each measurement costs one
@@ -121,6 +150,7 @@ impl Default for KafkaSourceConfig {
             commit_interval_ms: 1000,
             commit_timeout_ms: 5000,
             close_timeout_ms: 5000,
+            revoke_wait_ms: None,
             lag_interval_ms: 250,
             max_prefetch_messages: 1000,
             queued_max_messages_kbytes: 16384,
@@ -263,6 +293,7 @@ impl KafkaSourceConfig {
         check_range("commit_interval_ms", self.commit_interval_ms, 1, 3_600_000)?;
         check_range("commit_timeout_ms", self.commit_timeout_ms, 1, 600_000)?;
         check_range("close_timeout_ms", self.close_timeout_ms, 1, 600_000)?;
+        self.check_revoke_wait()?;
         check_range("lag_interval_ms", self.lag_interval_ms, 10, 3_600_000)?;
         check_range(
             "max_prefetch_messages",
@@ -291,6 +322,42 @@ impl KafkaSourceConfig {
                 format!("properties.{key}"),
                 &self.properties[key],
                 "unset: the source manages this property",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The longest `revoke_wait_ms`, and `max.poll.interval.ms`: half of it minus
+    /// `commit_timeout_ms`, since the rebalance callback waits and commits without polling
+    /// (see `revoke_wait_ms`).
+    fn revoke_wait_bound(&self) -> (u64, u64) {
+        let max_poll = self
+            .properties
+            .get("max.poll.interval.ms")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(DEFAULT_MAX_POLL_INTERVAL_MS);
+        (
+            (max_poll / 2).saturating_sub(self.commit_timeout_ms),
+            max_poll,
+        )
+    }
+
+    /// A `revoke_wait_ms` given stays within [`revoke_wait_bound`](Self::revoke_wait_bound).
+    fn check_revoke_wait(&self) -> Result<(), ConfigError> {
+        let (most, max_poll) = self.revoke_wait_bound();
+        let Some(wait) = self.revoke_wait_ms else {
+            return Ok(());
+        };
+        if wait > most {
+            return Err(ConfigError::new(
+                "revoke_wait_ms",
+                wait,
+                format!(
+                    "0..={most} (half of max.poll.interval.ms = {max_poll}, minus \
+                     commit_timeout_ms = {}: the rebalance callback waits and commits \
+                     without polling)",
+                    self.commit_timeout_ms
+                ),
             ));
         }
         Ok(())
@@ -362,6 +429,15 @@ impl KafkaSourceConfig {
     /// [`close_timeout_ms`](Self::close_timeout_ms) as a duration.
     pub fn close_timeout(&self) -> Duration {
         Duration::from_millis(self.close_timeout_ms)
+    }
+
+    /// How long a revocation waits for running handlers: [`revoke_wait_ms`](Self::revoke_wait_ms),
+    /// or its default (10 s, less where `max.poll.interval.ms` is small).
+    pub fn revoke_wait(&self) -> Duration {
+        let ms = self
+            .revoke_wait_ms
+            .unwrap_or_else(|| DEFAULT_REVOKE_WAIT_MS.min(self.revoke_wait_bound().0));
+        Duration::from_millis(ms)
     }
 
     /// [`lag_interval_ms`](Self::lag_interval_ms) as a duration.
@@ -448,6 +524,43 @@ mod tests {
         assert_eq!(c.validate().unwrap_err().field(), "topics");
         c.topics = vec!["t".into()];
         c.validate().unwrap();
+    }
+
+    /// The revocation's wait and commit stay inside half of `max.poll.interval.ms`, whether
+    /// librdkafka's default or the one given in `properties`; the default wait shrinks to fit,
+    /// a wait given out of range is refused.
+    #[test]
+    fn revoke_wait_stays_well_inside_the_poll_interval() {
+        let mut c = KafkaSourceConfig::new("b:1", "g", ["t"]);
+        assert_eq!(c.revoke_wait(), Duration::from_secs(10));
+        c.revoke_wait_ms = Some(145_000);
+        c.validate().unwrap();
+        assert_eq!(c.revoke_wait(), Duration::from_secs(145));
+        c.revoke_wait_ms = Some(145_001);
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.field(), "revoke_wait_ms");
+        assert!(
+            e.to_string().contains(
+                "0..=145000 (half of max.poll.interval.ms = 300000, minus commit_timeout_ms = 5000"
+            ),
+            "{e}"
+        );
+        c.properties
+            .insert("max.poll.interval.ms".into(), "20000".into());
+        c.revoke_wait_ms = Some(5_000);
+        c.validate().unwrap();
+        c.revoke_wait_ms = Some(5_001);
+        assert_eq!(c.validate().unwrap_err().field(), "revoke_wait_ms");
+        c.revoke_wait_ms = Some(0);
+        c.validate().unwrap();
+        // Unset: 10 s where it fits, less where it does not, nothing where nothing fits.
+        c.revoke_wait_ms = None;
+        c.validate().unwrap();
+        assert_eq!(c.revoke_wait(), Duration::from_secs(5));
+        c.properties
+            .insert("max.poll.interval.ms".into(), "6000".into());
+        c.validate().unwrap();
+        assert_eq!(c.revoke_wait(), Duration::ZERO);
     }
 
     #[test]

@@ -29,6 +29,11 @@
 //!   key computed from its topic, partition and key, and the runtime's key gate keeps one
 //!   record per key inside at a time (see [`triage::ordering`]); the watermark commit is
 //!   unchanged.
+//! - Revocation (`link.rs`, `offsets.rs`): attached to a runtime, the source hands back the
+//!   records of revoked partitions that the runtime holds (through the runtime's
+//!   [`Recall`](triage::runtime::Recall)), never serving them, and waits for the handlers still
+//!   running some (at most `revoke_wait_ms`) before it commits and lets the partitions go: so
+//!   across the members of a group a key still runs one record at a time, in order.
 //!
 //! After rdkafka's `examples/at_least_once.rs`, with the offset store replaced by the
 //! watermark.
@@ -42,6 +47,7 @@ mod config;
 pub mod fuzzing;
 mod headers;
 mod lag;
+mod link;
 mod offsets;
 mod poll;
 mod stats;
@@ -62,7 +68,7 @@ use crate::{Error, KafkaMessage};
 
 pub use classify::{ClassifyFn, MessageMeta, UnclassifiedReason};
 pub use config::{CriticalityConfig, DeadlineConfig, KafkaSourceConfig};
-pub use stats::SourceStats;
+pub use stats::{SourceStats, StatsHandle};
 
 use client::ClientFactory;
 use offsets::{KafkaAcks, Offsets};
@@ -107,6 +113,8 @@ pub struct KafkaSource {
     lag: Arc<lag::Lag>,
     /// The subscribed topics that `criticality.topic_tiers` maps to a tier.
     topic_tiers: Vec<(String, Criticality)>,
+    /// The runtime this source is attached to, for the revocation callback.
+    link: Arc<link::RuntimeLink>,
     /// The tiers last passed to `pause_tiers`, as a bit per rank.
     shed_tiers: u8,
 }
@@ -237,7 +245,19 @@ impl KafkaSourceBuilder {
         }
         let offsets = Arc::new(Offsets::default());
         offsets.set_commit_wait(config.commit_timeout());
-        let factory = ClientFactory::new(client, config.topics.clone(), Arc::clone(&offsets));
+        let acks: Arc<dyn triage::runtime::AckSink> = Arc::new(KafkaAcks {
+            offsets: Arc::clone(&offsets),
+        });
+        let link = Arc::new(link::RuntimeLink::new(
+            Arc::clone(&acks),
+            config.revoke_wait(),
+        ));
+        let factory = ClientFactory::new(
+            client,
+            config.topics.clone(),
+            Arc::clone(&offsets),
+            Arc::clone(&link),
+        );
         let consumer = Arc::new(factory.create()?);
         let slot: commit::Slot = Arc::new(parking_lot::Mutex::new(Arc::clone(&consumer)));
         let (commits, requests) = std::sync::mpsc::channel();
@@ -266,9 +286,8 @@ impl KafkaSourceBuilder {
             commits,
             factory,
             offsets: Arc::clone(&offsets),
-            acks: Arc::new(KafkaAcks {
-                offsets: Arc::clone(&offsets),
-            }),
+            acks,
+            link: Arc::clone(&link),
             classifier: classify::Classifier::new(&config, self.classifier),
             ordering: config.ordering,
             clock: self.clock.unwrap_or_default(),
@@ -314,6 +333,7 @@ impl KafkaSourceBuilder {
             lag,
             topic_tiers,
             shed_tiers: 0,
+            link,
         })
     }
 }
@@ -332,6 +352,13 @@ impl KafkaSource {
     /// This source's counters.
     pub fn stats(&self) -> SourceStats {
         self.offsets.stats.snapshot()
+    }
+
+    /// A handle on this source's counters that stays readable once the source is moved into
+    /// a runtime ([`Runtime::attach`](triage::runtime::Runtime::attach)): revocations,
+    /// assignments, stale acknowledgements, records handed back at revocations, commits...
+    pub fn stats_handle(&self) -> StatsHandle {
+        StatsHandle(Arc::clone(&self.offsets.stats))
     }
 
     /// Records consumed on the current assignment and not yet resolved.
@@ -371,6 +398,11 @@ impl Source for KafkaSource {
             // Its partition was revoked while it waited: withdrawn without acknowledgement
             // (dropping the ack releases it); the partition's new owner redelivers it.
         }
+    }
+
+    /// Keeps the runtime's recall for the revocation callback (see `revoke_wait_ms`).
+    fn attached(&mut self, recall: triage::runtime::Recall) {
+        self.link.attach(recall);
     }
 
     /// Pauses the assignment; the poll thread keeps serving the group protocol.

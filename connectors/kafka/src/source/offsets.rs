@@ -5,11 +5,17 @@
 //! record once; only the contiguous watermark is ever committed, so a record without a
 //! disposition is never skipped by a restart or a new owner (at-least-once).
 //!
-//! Partition ownership has epochs. On revocation the watermark of the revoked partitions is
+//! Partition ownership has epochs. On revocation the revoked partitions are first marked
+//! *leaving*: their records are no longer current, so neither the source nor the runtime
+//! hands one to a handler from then on, and the runtime releases those it holds (see
+//! `link.rs`) and waits, at most `revoke_wait_ms`, for the handlers still running them, whose
+//! dispositions the tracker still takes. Then the watermark of the revoked partitions is
 //! committed synchronously from the rebalance callback, *then* they are revoked from the
 //! tracker: dispositions arriving later carry an old epoch and are ignored (counted as stale),
-//! never stored. On assignment the tracker starts a new epoch with no position; the client
-//! starts from the group's committed offset, never a stale local one.
+//! never stored. So the next owner starts after everything this member finished, and never
+//! runs a key while this member still runs it (unless the wait ran out, which is counted). On
+//! assignment the tracker starts a new epoch with no position; the client starts from the
+//! group's committed offset, never a stale local one.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,6 +31,7 @@ use triage::runtime::{AckRef, AckSink};
 
 use crate::metrics::{self, CommitTrigger};
 
+use super::link::{HandBack, RuntimeLink};
 use super::stats::Stats;
 
 /// What [`Offsets::commit`] did.
@@ -61,7 +68,8 @@ pub(crate) struct Offsets {
     /// Generation of the current consumer client, bumped when a client is replaced after a
     /// fatal error: callbacks of a retired client (its close still runs them) are ignored.
     client: AtomicU64,
-    pub(crate) stats: Stats,
+    /// Shared with the source's stats handle, which outlives the source's move into a runtime.
+    pub(crate) stats: Arc<Stats>,
 }
 
 /// The partition the poll thread tracked last and its index (see [`Offsets::track_cached`]).
@@ -91,9 +99,18 @@ struct State {
     index: HashMap<String, HashMap<i32, u64>>,
     /// Each index's partition; the topic shared by every record of it.
     names: Vec<(Arc<str>, i32)>,
+    /// Partitions being revoked (see [`Offsets::leave`]): their records are not current,
+    /// though the tracker still takes their dispositions.
+    leaving: HashSet<u64>,
 }
 
 impl State {
+    /// Whether a record of `token` is still this member's to process.
+    fn current(&self, token: AckRef) -> bool {
+        !self.leaving.contains(&token.stream)
+            && self.tracker.epoch(&token.stream).map(|e| e.get()) == Some(token.epoch)
+    }
+
     fn index_of(&mut self, topic: &str, partition: i32) -> u64 {
         if let Some(idx) = self.index.get(topic).and_then(|m| m.get(&partition)) {
             return *idx;
@@ -184,13 +201,19 @@ impl Offsets {
     }
 
     /// Whether an envelope stamped at revocation generation `gen` still belongs to a current
-    /// assignment. Cheap unless a revocation happened since it was stamped.
+    /// assignment (and not to a partition being revoked). Cheap unless a revocation happened
+    /// since it was stamped.
     pub(crate) fn is_current(&self, token: AckRef, gen: u64) -> bool {
         if self.revocations.load(Ordering::Acquire) == gen {
             return true;
         }
-        let state = self.state.lock();
-        state.tracker.epoch(&token.stream).map(|e| e.get()) == Some(token.epoch)
+        self.token_current(token)
+    }
+
+    /// Whether the record of `token` is still this member's to process: its partition assigned
+    /// in the same epoch, and not being revoked.
+    pub(crate) fn token_current(&self, token: AckRef) -> bool {
+        self.state.lock().current(token)
     }
 
     fn resolve(&self, token: AckRef) {
@@ -238,10 +261,13 @@ impl Offsets {
     /// client is unusable, and the position may belong to someone else by now), envelopes
     /// still queued are withdrawn, later dispositions of them are stale, and callbacks of the
     /// old client are ignored from here on.
-    pub(crate) fn lose_all(&self) {
+    /// Returns the indices of the partitions given up, for the runtime to release their
+    /// records.
+    pub(crate) fn lose_all(&self) -> Vec<u64> {
         self.client.fetch_add(1, Ordering::AcqRel);
-        self.revoke_all();
+        let lost = self.revoke_all();
         self.paused.store(false, Ordering::Release);
+        lost
     }
 
     /// Commits every changed watermark, synchronously (see [`super::commit`] for why), and
@@ -315,8 +341,31 @@ impl Offsets {
         let mut state = self.state.lock();
         for (topic, partition) in partitions {
             let idx = state.index_of(topic, partition);
+            state.leaving.remove(&idx);
             state.tracker.assign(idx);
         }
+    }
+
+    /// Marks the given partitions as being revoked: from now on their records are not
+    /// current ([`is_current`](Self::is_current), [`token_current`](Self::token_current)), so
+    /// the source withdraws those it still hands out and the runtime releases those it holds,
+    /// while the tracker still takes the dispositions of the records already in a handler, for
+    /// the revocation's commit. Returns their indices.
+    pub(crate) fn leave<'a>(
+        &self,
+        partitions: impl IntoIterator<Item = (&'a str, i32)>,
+    ) -> Vec<u64> {
+        let mut state = self.state.lock();
+        let mut leaving = Vec::new();
+        for (topic, partition) in partitions {
+            if let Some(idx) = state.lookup(topic, partition) {
+                state.leaving.insert(idx);
+                leaving.push(idx);
+            }
+        }
+        drop(state);
+        self.revocations.fetch_add(1, Ordering::AcqRel);
+        leaving
     }
 
     /// Stops tracking the given partitions: later dispositions of their records are stale,
@@ -325,6 +374,7 @@ impl Offsets {
         let mut state = self.state.lock();
         for (topic, partition) in partitions {
             if let Some(idx) = state.lookup(topic, partition) {
+                state.leaving.remove(&idx);
                 state.tracker.revoke(&idx);
             }
         }
@@ -333,14 +383,17 @@ impl Offsets {
     }
 
     /// Every partition is lost (a rebalance error): revoked without a commit.
-    pub(crate) fn revoke_all(&self) {
+    /// Returns the indices of the partitions given up.
+    pub(crate) fn revoke_all(&self) -> Vec<u64> {
         let mut state = self.state.lock();
         let assigned: Vec<u64> = state.tracker.partitions().copied().collect();
         for idx in &assigned {
             state.tracker.revoke(idx);
         }
+        state.leaving.clear();
         drop(state);
         self.revocations.fetch_add(1, Ordering::AcqRel);
+        assigned
     }
 
     fn mark_committed(&self, list: &[(u64, u64)], trigger: CommitTrigger) {
@@ -409,6 +462,26 @@ impl Offsets {
     pub(crate) fn pending_total(&self) -> usize {
         self.state.lock().tracker.pending_total()
     }
+
+    /// Counts what a revocation handed back to the runtime and left running.
+    pub(crate) fn count_hand_back(&self, back: HandBack) {
+        if back.released > 0 {
+            let n = back.released as u64;
+            self.stats.revoke_released.fetch_add(n, Ordering::Relaxed);
+            metrics::revoke_released(n);
+        }
+        if back.still_running > 0 {
+            self.stats
+                .revoke_wait_exceeded
+                .fetch_add(1, Ordering::Relaxed);
+            metrics::revoke_wait_exceeded();
+            tracing::warn!(
+                still_running = back.still_running,
+                "kafka source: partitions revoked while handlers of theirs still ran \
+                 (revoke_wait_ms ran out): the next owner may run the same keys meanwhile"
+            );
+        }
+    }
 }
 
 /// The [`AckSink`] the source's envelopes report to.
@@ -430,6 +503,12 @@ impl AckSink for KafkaAcks {
         let _ = disposition;
         self.offsets.resolve_all(tokens);
     }
+
+    /// `false` once the record's partition is being revoked, or was: the runtime then
+    /// releases it rather than serve it (see `link.rs`).
+    fn is_current(&self, token: AckRef) -> bool {
+        self.offsets.token_current(token)
+    }
 }
 
 /// The consumer's context: the rebalance callbacks, run on the poll thread (and, for a client
@@ -437,6 +516,8 @@ impl AckSink for KafkaAcks {
 #[derive(Debug)]
 pub(crate) struct SourceContext {
     pub(crate) offsets: Arc<Offsets>,
+    /// The runtime the source is attached to, to hand back the records of revoked partitions.
+    pub(crate) link: Arc<RuntimeLink>,
     /// The client generation this context belongs to (see [`Offsets::lose_all`]).
     pub(crate) client: u64,
 }
@@ -463,7 +544,11 @@ impl ConsumerContext for SourceContext {
                 metrics::rebalance("error");
                 offsets.stats.revocations.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%err, "kafka source: rebalance error; every partition given up");
-                offsets.revoke_all();
+                let lost = offsets.revoke_all();
+                // Someone else may own them already: hand back what the runtime holds, but
+                // waiting would only delay the rejoin.
+                let back = self.link.hand_back(&lost, false);
+                offsets.count_hand_back(back);
                 return;
             }
             Rebalance::Revoke(tpl) => tpl,
@@ -475,19 +560,25 @@ impl ConsumerContext for SourceContext {
             .iter()
             .map(|e| (e.topic(), e.partition()))
             .collect();
+        // From here no record of theirs reaches a handler, here or in the runtime.
+        let indices = offsets.leave(revoked.iter().copied());
+        let closing = offsets.closing.load(Ordering::Acquire);
+        if !closing {
+            // What the runtime holds of them goes back to the next owner; what runs here
+            // finishes first (at most `revoke_wait_ms`), so that the next owner never runs a
+            // key while this member does, and its completions are in the commit below. The
+            // poll thread blocks meanwhile: the configuration keeps the wait and the commit
+            // well inside `max.poll.interval.ms`, which counts from the poll that delivered
+            // this callback (rdkafka runs it after librdkafka's poll returned).
+            let back = self.link.hand_back(&indices, true);
+            offsets.count_hand_back(back);
+        }
         // A lost assignment (session timed out) already belongs to someone else: committing
         // would fail, or worse overwrite the new owner's position.
-        if !offsets.closing.load(Ordering::Acquire) && !consumer.assignment_lost() {
+        if !closing && !consumer.assignment_lost() {
             // Commit what is settled before giving the partitions up, so the next owner starts
             // exactly after it. A synchronous commit here is what librdkafka documents for
             // this callback; on failure the next owner redelivers from the older position.
-            let indices: Vec<u64> = {
-                let state = offsets.state.lock();
-                revoked
-                    .iter()
-                    .filter_map(|(t, p)| state.lookup(t, *p))
-                    .collect()
-            };
             let wait = offsets.commit_wait.lock().unwrap_or(Duration::from_secs(5));
             offsets.commit_with(
                 CommitTrigger::Revoke,

@@ -49,6 +49,7 @@ use super::classify::{Anchor, Classifier, MessageMeta, UnclassifiedReason};
 use super::client::ClientFactory;
 use super::commit::{Request, Slot};
 use super::headers::read_headers;
+use super::link::RuntimeLink;
 use super::offsets::{LastStream, Offsets, SourceContext};
 use super::stats::Stats;
 
@@ -102,6 +103,8 @@ pub(crate) struct PollLoop {
     pub(crate) factory: ClientFactory,
     pub(crate) offsets: Arc<Offsets>,
     pub(crate) acks: Arc<dyn AckSink>,
+    /// The runtime the source is attached to, to hand back what a replaced client lost.
+    pub(crate) link: Arc<RuntimeLink>,
     pub(crate) classifier: Classifier,
     pub(crate) ordering: triage::ordering::OrderingConfig,
     pub(crate) clock: Clock,
@@ -236,7 +239,10 @@ impl PollLoop {
     /// and resumes from the committed watermark. Returns `false` if the source stopped
     /// meanwhile.
     fn replace_client(&mut self, reason: &str) -> bool {
-        self.offsets.lose_all();
+        let lost = self.offsets.lose_all();
+        // The group has given them to someone else by now: released, not waited for.
+        let back = self.link.hand_back(&lost, false);
+        self.offsets.count_hand_back(back);
         self.offsets
             .stats
             .client_restarts
