@@ -58,7 +58,9 @@ pub struct PullSample {
 ///   rebalance) lands in one half only. A backlog being served has a falling lag: `A` is the
 ///   rate of new records only, whatever the backlog's size. Each tier's share of `A` comes
 ///   from what was pulled; a tier that is not pulled because it is shed and paused (a topic
-///   per tier) keeps its last measured rate, and its arrival still shows in the lag.
+///   per tier) keeps its last measured rate, and its arrival still shows in the lag. Over a
+///   span where a source had not measured its lag (or cannot), the arrival is unknown and
+///   taken as none: pulls alone show how fast the runtime reads, not how fast work arrives.
 /// - **Capacity** `C` = concurrency limit / mean handler run time over the same window: the
 ///   completions per second the workers could sustain (Little's law), measured even when they
 ///   are not saturated.
@@ -434,20 +436,26 @@ fn capacity(from: &PullSample, to: &PullSample) -> Option<f64> {
     (served > 0.0 && busy > 0.0).then(|| to.limit.max(1) as f64 * served / busy)
 }
 
-/// Messages/s that arrived between two samples: pulled plus the lag's change (pulled only
-/// when either lag is unknown); `None` for samples at the same instant.
+/// Messages/s that arrived between two samples: pulled plus the lag's change; `None` for
+/// samples at the same instant or when either lag is unknown.
+///
+/// Without the lag, the pulls alone say how fast the runtime reads, not how fast work
+/// arrives: a consumer starting on a backlog pulls ahead to fill its queue and key gate
+/// (faster than it serves, with nothing arriving), and once its buffers are full it pulls
+/// only as fast as it serves, whatever arrives. Neither is evidence of arrival beyond
+/// capacity, so a span with an unknown lag gives none.
 fn arrival(from: &PullSample, to: &PullSample) -> Option<f64> {
     let dt = to.at.saturating_sub(from.at).as_secs_f64();
+    let (Some(before), Some(after)) = (from.lag, to.lag) else {
+        return None;
+    };
     if dt <= 0.0 {
         return None;
     }
     let pulled: u64 = (0..4)
         .map(|r| to.pulled[r].saturating_sub(from.pulled[r]))
         .sum();
-    let trend = match (from.lag, to.lag) {
-        (Some(a), Some(b)) => b as f64 - a as f64,
-        _ => 0.0,
-    };
+    let trend = after as f64 - before as f64;
     Some(((pulled as f64 + trend) / dt).max(0.0))
 }
 

@@ -116,6 +116,34 @@ fn a_step_in_the_lag_is_not_arrival() {
     }
 }
 
+#[test]
+fn pulls_before_the_lag_is_known_are_not_arrival() {
+    // A consumer starts on a backlog, keyed: its intake pulls ahead to fill the key gate and
+    // the queue (2,000 records in the first half second) while the source has not measured
+    // its lag yet. Capacity 8 handlers of 100 ms = 80/s; every record due 2 s after it is
+    // pulled. The pulls say how fast the runtime reads, not how fast work arrives: nothing
+    // arrives at all.
+    let (mut a, mut s) = fresh();
+    s.lag = None;
+    let mut backlog = 10_000u64;
+    for tick in 0..40u64 {
+        s.at += ms(100);
+        let pulled = if tick < 5 { 400 } else { 8 };
+        for r in 0..4 {
+            s.pulled[r] += pulled / 4;
+            s.with_deadline[r] += pulled / 4;
+            s.slack[r] += Duration::from_secs(2) * (pulled / 4) as u32;
+        }
+        backlog -= pulled;
+        s.served += 8;
+        s.busy += ms(800);
+        s.waiting = s.waiting + pulled - 8;
+        s.lag = (tick >= 16).then_some(backlog);
+        a.observe(&s);
+        assert_eq!(a.level(), 0, "tick {tick}: arrival {}", a.arrival_rate());
+    }
+}
+
 /// Capacity 727/s (8 handlers of 11 ms); 640 records/s (0.88x, mix 10/20/30/40) reach
 /// the broker as 0.8 s of nothing, then 512 at once (a producer or a broker that stalls
 /// and catches up). Records are stamped `window` per tier at production; those of a burst

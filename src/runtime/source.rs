@@ -34,7 +34,9 @@ pub trait Source: Send + 'static {
     /// queue's ready-message count. `None` when unknown (not yet measured, or the source cannot
     /// tell). Read by the runtime's sampler a few times a second to estimate the arrival rate
     /// (the lag's trend plus the rate of pulling), so it must be cheap and never block:
-    /// return a value the source refreshes on its own schedule.
+    /// return a value the source refreshes on its own schedule. While any source's lag is
+    /// `None`, pull admission sees no arrival and refuses nothing (pulls alone show how fast
+    /// the runtime reads, not how fast work arrives); expiry at intake still applies.
     fn lag(&self) -> Option<u64> {
         None
     }
