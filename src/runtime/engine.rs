@@ -30,7 +30,7 @@ use crate::runtime::item::{Accounts, Item};
 use crate::runtime::lifecycle::Lifecycle;
 use crate::runtime::live::Live;
 use crate::runtime::pacing::Pacing;
-use crate::runtime::recall::Recalls;
+use crate::runtime::recalls::Recalls;
 use crate::runtime::signals::Signals;
 use crate::runtime::RuntimeConfig;
 use crate::Criticality;

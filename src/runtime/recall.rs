@@ -35,22 +35,20 @@
 //! pull was: the source's own check (a Kafka source drops the records of a partition being
 //! revoked, from the moment it marks it) covers whatever was pulled after.
 //!
-//! # Why a worker's slot is written before the generation is read
+//! # Why what a worker runs is published before the generation is read
 //!
-//! Each worker publishes the message it is about to run (its ack's sink and reference) in a
-//! slot, then reads the generation; a recall moves the generation on, then reads the slots.
-//! All four are sequentially consistent, so either the worker sees the new generation (and
-//! asks the source, which says the message was taken back) or the recall sees the slot (and
-//! waits for that handler). Without it, a handler could start on a message taken back just
+//! Each worker publishes the message it is about to run (its ack's sink and reference, in
+//! `recalls.rs`), then reads the generation; a recall moves the generation on, then reads what
+//! the workers published. All four are sequentially consistent, so either the worker sees the
+//! new generation (and asks the source, which says the message was taken back) or the recall
+//! sees what the worker published (and waits for that handler). Without it, a handler could start on a message taken back just
 //! after the recall looked. That costs a worker one sequentially consistent store per message
 //! (an `xchg` on x86).
 
 use std::fmt;
-use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
-
-use parking_lot::Mutex;
 
 use crate::runtime::ack::SinkId;
 use crate::runtime::engine::Inner;
@@ -58,7 +56,7 @@ use crate::runtime::item::{Item, Origin};
 use crate::runtime::settle::Freed;
 use crate::runtime::{AckRef, AckSink};
 
-/// How often [`Recall::wait_running`] looks at the workers' slots again.
+/// How often [`Recall::wait_running`] looks again at what the workers run.
 const WAIT_STEP: Duration = Duration::from_millis(1);
 
 /// A source's handle on the runtime it is attached to, for taking back messages its broker
@@ -178,7 +176,7 @@ impl<T: Send + Sync + 'static> Target for Runtime<T> {
         inner.recalls.next_generation();
         let until = Instant::now().checked_add(bound);
         loop {
-            let running = inner.recalls.running(sink, which);
+            let running = inner.recalls.count_running(sink, which);
             let left = until.map_or(Duration::MAX, |u| {
                 u.saturating_duration_since(Instant::now())
             });
@@ -243,133 +241,5 @@ impl<T: Send + Sync + 'static> Inner<T> {
         if item.origin == Origin::Pulled {
             self.signals.pulled[item.original.rank()].fetch_sub(1, Ordering::Relaxed);
         }
-    }
-}
-
-/// The runtime's side of recalls: the generation, and what each worker runs.
-#[derive(Default)]
-pub(crate) struct Recalls {
-    /// Sixteen bits, as the stamps (see `Item::recall_stamp`): it wraps, so a message that
-    /// went 65,536 recalls without moving on and without its source's answer would be taken
-    /// for a current one. Messages waiting in the queue or parked are taken back by the
-    /// recall's predicate, whatever their stamp; the others are asked wherever they move (held
-    /// ones at every turn of their intake after a recall, hold tasks every poll interval), so
-    /// only a retry waiting out its backoff could be that late, with recalls coming faster
-    /// than 65,536 per backoff (an hour at most): far more than rebalances ever come (two
-    /// generations each).
-    generation: AtomicU16,
-    workers: Mutex<Vec<Arc<Running>>>,
-}
-
-impl Recalls {
-    /// The generation to stamp a message with: read before pulling it.
-    #[inline]
-    pub(crate) fn stamp(&self) -> u16 {
-        self.generation.load(Ordering::SeqCst)
-    }
-
-    pub(crate) fn next_generation(&self) {
-        self.generation.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// Whether `item`'s source took it back since it was stamped. Asks the source only for an
-    /// item stamped before the latest recall, and stamps it again when the source still has
-    /// it, so each item is asked at most once per recall.
-    #[inline]
-    pub(crate) fn taken_back<T>(&self, item: &mut Item<T>) -> bool {
-        let now = self.generation.load(Ordering::SeqCst);
-        if item.recall_stamp == now {
-            return false;
-        }
-        if item.is_current() {
-            item.recall_stamp = now;
-            return false;
-        }
-        true
-    }
-
-    /// A slot for a worker to publish what it runs; removed when dropped.
-    pub(crate) fn slot(self: &Arc<Self>) -> Slot {
-        let running = Arc::new(Running::default());
-        self.workers.lock().push(Arc::clone(&running));
-        Slot {
-            running,
-            recalls: Arc::clone(self),
-        }
-    }
-
-    /// Handlers running a message of `sink` that `which` selects.
-    fn running(&self, sink: SinkId, which: &dyn Fn(AckRef) -> bool) -> usize {
-        let workers = self.workers.lock();
-        workers
-            .iter()
-            .filter_map(|w| w.get(sink))
-            .filter(|t| which(*t))
-            .count()
-    }
-}
-
-/// What one worker runs: its ack's sink and reference, `sink` 0 while it runs nothing
-/// trackable. Read without the worker's cooperation: a reader may see the sink of one message
-/// with the reference of the next only when the first has ended, so it never misses a
-/// message that runs (see the module docs for the order of the writes). Written by its worker
-/// for every message, so it has cache lines of its own (two: adjacent-line prefetching pairs
-/// them), and workers on different cores never write to one line.
-#[derive(Default)]
-#[repr(align(128))]
-struct Running {
-    sink: AtomicUsize,
-    stream: AtomicU64,
-    position: AtomicU64,
-    epoch: AtomicU64,
-}
-
-impl Running {
-    fn get(&self, sink: SinkId) -> Option<AckRef> {
-        if self.sink.load(Ordering::SeqCst) != sink.get() {
-            return None;
-        }
-        Some(AckRef {
-            stream: self.stream.load(Ordering::Relaxed),
-            position: self.position.load(Ordering::Relaxed),
-            epoch: self.epoch.load(Ordering::Relaxed),
-        })
-    }
-}
-
-/// A worker's slot (see [`Recalls::slot`]).
-pub(crate) struct Slot {
-    running: Arc<Running>,
-    recalls: Arc<Recalls>,
-}
-
-impl Slot {
-    /// The worker is about to check `item` and run it: published before the check reads the
-    /// generation (see the module docs). An item with a no-op ack cannot be taken back.
-    #[inline]
-    pub(crate) fn enter<T>(&self, item: &Item<T>) {
-        let Some((sink, token)) = item.ack_ident() else {
-            return;
-        };
-        let r = &self.running;
-        r.stream.store(token.stream, Ordering::Relaxed);
-        r.position.store(token.position, Ordering::Relaxed);
-        r.epoch.store(token.epoch, Ordering::Relaxed);
-        r.sink.swap(sink.get(), Ordering::SeqCst);
-    }
-
-    /// The worker is done with the item it entered (settled, released, or handed on).
-    #[inline]
-    pub(crate) fn leave(&self) {
-        self.running.sink.store(0, Ordering::Release);
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.recalls
-            .workers
-            .lock()
-            .retain(|w| !Arc::ptr_eq(w, &self.running));
     }
 }

@@ -168,7 +168,7 @@ struct Local<T> {
     /// Mean handler time, exponentially weighted (1/8), ns.
     mean_ns: u64,
     /// Where this worker publishes the message it runs, for a recall to wait for it.
-    running: crate::runtime::recall::Slot,
+    running: crate::runtime::recalls::Running,
 }
 
 impl<T> Local<T> {
@@ -215,7 +215,7 @@ where
         tokens: Vec::with_capacity(MAX_BATCH),
         streak: 0,
         mean_ns: u64::MAX,
-        running: inner.recalls.slot(),
+        running: inner.recalls.for_worker(),
     };
     loop {
         let max = local.batch_size();
