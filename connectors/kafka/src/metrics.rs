@@ -21,8 +21,6 @@
 
 use metrics::{counter, gauge, Unit};
 
-use crate::source::UnclassifiedReason;
-
 /// Gauge: last committed position per partition.
 pub const COMMITTED_OFFSET: &str = "triage_kafka_committed_offset";
 /// Counter: successful offset commits, by trigger.
@@ -153,9 +151,10 @@ pub(crate) fn commit(trigger: CommitTrigger, ok: bool) {
     counter!(name, "trigger" => trigger.as_str()).increment(1);
 }
 
-/// `n` messages fell back for `reason` (counted per batch of records, not per record).
-pub(crate) fn unclassified(reason: UnclassifiedReason, n: u64) {
-    counter!(UNCLASSIFIED_TOTAL, "reason" => reason.as_str()).increment(n);
+/// `n` messages fell back for `reason` (the label of an `UnclassifiedReason`; counted per
+/// batch of records, not per record).
+pub(crate) fn unclassified(reason: &'static str, n: u64) {
+    counter!(UNCLASSIFIED_TOTAL, "reason" => reason).increment(n);
 }
 
 pub(crate) fn rebalance(kind: &'static str) {
@@ -207,7 +206,7 @@ mod tests {
             committed("t", 0, 1);
             commit(CommitTrigger::Interval, true);
             commit(CommitTrigger::Revoke, false);
-            unclassified(UnclassifiedReason::Missing, 1);
+            unclassified("missing", 1);
             rebalance("assign");
             stale_ack_n(1);
             pause("runtime");

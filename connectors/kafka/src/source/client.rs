@@ -13,13 +13,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use crate::Error;
 
+use super::context::SourceContext;
 use super::link::RuntimeLink;
-use super::offsets::{Offsets, SourceContext};
+use super::offsets::Offsets;
 
 /// Shortest pause before a replacement that follows another one within [`CALM`].
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
@@ -27,6 +29,10 @@ const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// A replacement this long after the previous one starts the backoff again.
 const CALM: Duration = Duration::from_secs(60);
+
+/// The consumer client in use, shared by the poll thread (which replaces it after a fatal
+/// error), the committer and the lag probe.
+pub(crate) type SharedClient = Arc<Mutex<Arc<BaseConsumer<SourceContext>>>>;
 
 /// Drops `consumer` on a thread of its own: dropping the last reference closes the client,
 /// which polls until the group is left, and may take long with the broker away.
@@ -108,7 +114,7 @@ mod tests {
     #[test]
     fn backoff_grows_while_replacements_keep_coming() {
         let offsets: Arc<Offsets> = Arc::default();
-        let acks = Arc::new(super::super::offsets::KafkaAcks {
+        let acks = Arc::new(super::super::acks::KafkaAcks {
             offsets: Arc::clone(&offsets),
         });
         let link = Arc::new(RuntimeLink::new(acks, Duration::ZERO));

@@ -14,16 +14,10 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
-use rdkafka::consumer::BaseConsumer;
-
 use crate::metrics::CommitTrigger;
 
-use super::offsets::{Committed, Offsets, SourceContext};
-
-/// The consumer client in use, shared by the poll thread (which replaces it after a fatal
-/// error) and the committer.
-pub(crate) type Slot = Arc<Mutex<Arc<BaseConsumer<SourceContext>>>>;
+use super::client::{close_elsewhere, SharedClient};
+use super::offsets::{Committed, Offsets};
 
 /// What the poll thread asks of the committer.
 pub(crate) enum Request {
@@ -32,7 +26,7 @@ pub(crate) enum Request {
 }
 
 pub(crate) struct Committer {
-    pub(crate) slot: Slot,
+    pub(crate) client: SharedClient,
     pub(crate) offsets: Arc<Offsets>,
     pub(crate) interval: Duration,
     pub(crate) requests: Receiver<Request>,
@@ -57,14 +51,14 @@ impl Committer {
     }
 
     fn commit(&self, trigger: CommitTrigger) -> Committed {
-        // Clone the client out of the slot: the commit may take as long as the coordinator
+        // Clone the client out of its share: the commit may take as long as the coordinator
         // does, and the poll thread must be able to replace the client meanwhile.
-        let consumer = Arc::clone(&self.slot.lock());
+        let consumer = Arc::clone(&self.client.lock());
         let result = self.offsets.commit(&consumer, trigger);
-        if !Arc::ptr_eq(&consumer, &self.slot.lock()) {
+        if !Arc::ptr_eq(&consumer, &self.client.lock()) {
             // Replaced while this commit waited: if this is the last reference, closing the
             // old client (which polls until closed) must not delay the next commit.
-            super::client::close_elsewhere(consumer);
+            close_elsewhere(consumer);
         }
         result
     }

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::commit::Slot;
-use super::offsets::SourceContext;
+use super::client::SharedClient;
+use super::context::SourceContext;
 use super::poll::Control;
 
 /// `broker` before the first measurement.
@@ -59,7 +59,7 @@ impl Lag {
 }
 
 pub(crate) struct LagProbe {
-    pub(crate) slot: Slot,
+    pub(crate) client: SharedClient,
     pub(crate) control: Arc<Control>,
     pub(crate) lag: Arc<Lag>,
     pub(crate) interval: Duration,
@@ -72,7 +72,7 @@ pub(crate) struct LagProbe {
 impl LagProbe {
     pub(crate) fn run(self) {
         while !self.control.stop.load(Ordering::Acquire) {
-            let consumer = Arc::clone(&self.slot.lock());
+            let consumer = Arc::clone(&self.client.lock());
             // A failed measurement (broker away) keeps the last value: stale rather than wrong.
             let n = self
                 .measure(&consumer)

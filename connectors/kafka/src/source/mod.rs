@@ -38,10 +38,13 @@
 //! After rdkafka's `examples/at_least_once.rs`, with the offset store replaced by the
 //! watermark.
 
+mod acks;
 mod classify;
+mod classify_config;
 mod client;
 mod commit;
 mod config;
+mod context;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -67,11 +70,13 @@ use triage::Criticality;
 use crate::{Error, KafkaMessage};
 
 pub use classify::{ClassifyFn, MessageMeta, UnclassifiedReason};
-pub use config::{CriticalityConfig, DeadlineConfig, KafkaSourceConfig};
+pub use classify_config::{CriticalityConfig, DeadlineConfig};
+pub use config::KafkaSourceConfig;
 pub use stats::{SourceStats, StatsHandle};
 
+use acks::KafkaAcks;
 use client::ClientFactory;
-use offsets::{KafkaAcks, Offsets};
+use offsets::Offsets;
 use poll::{Batch, Control, Delivery, PollLoop};
 
 /// A [`Source`] over a Kafka consumer group.
@@ -259,21 +264,21 @@ impl KafkaSourceBuilder {
             Arc::clone(&link),
         );
         let consumer = Arc::new(factory.create()?);
-        let slot: commit::Slot = Arc::new(parking_lot::Mutex::new(Arc::clone(&consumer)));
+        let shared: client::SharedClient = Arc::new(parking_lot::Mutex::new(Arc::clone(&consumer)));
         let (commits, requests) = std::sync::mpsc::channel();
         let committer = commit::Committer {
-            slot: Arc::clone(&slot),
+            client: Arc::clone(&shared),
             offsets: Arc::clone(&offsets),
             interval: config.commit_interval(),
             requests,
         };
-        let (slots, batch) = poll::handoff_shape(config.max_prefetch_messages);
-        let (tx, rx) = mpsc::channel(slots);
+        let (batches, batch) = poll::handoff_shape(config.max_prefetch_messages);
+        let (tx, rx) = mpsc::channel(batches);
         let (done_tx, done) = oneshot::channel();
         let control = Arc::new(Control::default());
         let lag = Arc::new(lag::Lag::default());
         let probe = lag::LagProbe {
-            slot: Arc::clone(&slot),
+            client: Arc::clone(&shared),
             control: Arc::clone(&control),
             lag: Arc::clone(&lag),
             interval: config.lag_interval(),
@@ -282,7 +287,7 @@ impl KafkaSourceBuilder {
         };
         let poll = PollLoop {
             consumer,
-            slot,
+            client: shared,
             commits,
             factory,
             offsets: Arc::clone(&offsets),
@@ -293,7 +298,7 @@ impl KafkaSourceBuilder {
             clock: self.clock.unwrap_or_default(),
             control: Arc::clone(&control),
             tx,
-            slots,
+            batches,
             batch,
             last_stream: offsets::LastStream::default(),
             commit_timeout: config.commit_timeout(),

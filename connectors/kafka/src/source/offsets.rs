@@ -1,4 +1,5 @@
-//! Watermark offsets: what the source tracks, what it commits, and the rebalance callbacks.
+//! Watermark offsets: what the source tracks and what it commits, in the order the rebalance
+//! callbacks (`context.rs`) follow.
 //!
 //! Every consumed record is tracked in an [`AckTracker`] keyed by a partition index (a `u64`
 //! that fits in an [`AckRef`], never reused within a source). The runtime resolves each
@@ -23,15 +24,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaResult;
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use triage::ledger::{AckToken, AckTracker, Disposition, Epoch, ResolveError};
-use triage::runtime::{AckRef, AckSink};
+use rdkafka::{Offset, TopicPartitionList};
+use triage::ledger::{AckToken, AckTracker, Epoch, ResolveError};
+use triage::runtime::AckRef;
 
 use crate::metrics::{self, CommitTrigger};
 
-use super::link::{HandBack, RuntimeLink};
+use super::link::HandBack;
 use super::stats::Stats;
 
 /// What [`Offsets::commit`] did.
@@ -216,14 +217,14 @@ impl Offsets {
         self.state.lock().current(token)
     }
 
-    fn resolve(&self, token: AckRef) {
+    pub(crate) fn resolve(&self, token: AckRef) {
         self.resolve_all(&[token]);
     }
 
     /// Resolves every token under one lock (a worker's batch). A token of an earlier epoch
     /// (the partition revoked, or revoked and assigned again) resolves to `Stale`, as does one
     /// of a partition no longer assigned.
-    fn resolve_all(&self, tokens: &[AckRef]) {
+    pub(crate) fn resolve_all(&self, tokens: &[AckRef]) {
         let mut stale = 0u64;
         let mut refused = None;
         {
@@ -336,6 +337,11 @@ impl Offsets {
         *self.commit_wait.lock() = Some(wait);
     }
 
+    /// How long a revocation's commit waits for an interval commit in flight (5 s until set).
+    pub(crate) fn commit_wait(&self) -> Duration {
+        self.commit_wait.lock().unwrap_or(Duration::from_secs(5))
+    }
+
     /// Registers newly assigned partitions: each starts a new epoch with no position.
     pub(crate) fn assign<'a>(&self, partitions: impl IntoIterator<Item = (&'a str, i32)>) {
         let mut state = self.state.lock();
@@ -414,8 +420,18 @@ impl Offsets {
         self.closing.store(true, Ordering::Release);
     }
 
+    /// Whether the final close began (see `closing`).
+    pub(crate) fn closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
     pub(crate) fn set_paused(&self, paused: bool) {
         self.paused.store(paused, Ordering::Release);
+    }
+
+    /// Whether the poll thread has the assignment paused.
+    pub(crate) fn paused(&self) -> bool {
+        self.paused.load(Ordering::Acquire)
     }
 
     /// Replaces the set of shed topics; returns whether it changed.
@@ -480,140 +496,6 @@ impl Offsets {
                 "kafka source: partitions revoked while handlers of theirs still ran \
                  (revoke_wait_ms ran out): the next owner may run the same keys meanwhile"
             );
-        }
-    }
-}
-
-/// The [`AckSink`] the source's envelopes report to.
-#[derive(Debug)]
-pub(crate) struct KafkaAcks {
-    pub(crate) offsets: Arc<Offsets>,
-}
-
-impl AckSink for KafkaAcks {
-    fn resolve(&self, token: AckRef, disposition: Disposition) {
-        // Every disposition settles the offset: Failed means dead-lettered, Deferred means the
-        // copy is confirmed, Expired and Shed were decided by policy. Only a release does not.
-        let _ = disposition;
-        self.offsets.resolve(token);
-    }
-
-    fn resolve_all(&self, tokens: &[AckRef], disposition: Disposition) {
-        // As `resolve`: every disposition settles the offset.
-        let _ = disposition;
-        self.offsets.resolve_all(tokens);
-    }
-
-    /// `false` once the record's partition is being revoked, or was: the runtime then
-    /// releases it rather than serve it (see `link.rs`).
-    fn is_current(&self, token: AckRef) -> bool {
-        self.offsets.token_current(token)
-    }
-}
-
-/// The consumer's context: the rebalance callbacks, run on the poll thread (and, for a client
-/// being closed after a fatal error, on the thread closing it: ignored by generation).
-#[derive(Debug)]
-pub(crate) struct SourceContext {
-    pub(crate) offsets: Arc<Offsets>,
-    /// The runtime the source is attached to, to hand back the records of revoked partitions.
-    pub(crate) link: Arc<RuntimeLink>,
-    /// The client generation this context belongs to (see [`Offsets::lose_all`]).
-    pub(crate) client: u64,
-}
-
-impl SourceContext {
-    /// Whether this context's client is the source's current one.
-    fn current(&self) -> bool {
-        self.offsets.client() == self.client
-    }
-}
-
-impl ClientContext for SourceContext {}
-
-impl ConsumerContext for SourceContext {
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if !self.current() {
-            return;
-        }
-        let offsets = &self.offsets;
-        let tpl = match rebalance {
-            Rebalance::Assign(_) => return,
-            Rebalance::Error(err) => {
-                // rdkafka unassigns everything after this callback: a lost assignment.
-                metrics::rebalance("error");
-                offsets.stats.revocations.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%err, "kafka source: rebalance error; every partition given up");
-                let lost = offsets.revoke_all();
-                // Someone else may own them already: hand back what the runtime holds, but
-                // waiting would only delay the rejoin.
-                let back = self.link.hand_back(&lost, false);
-                offsets.count_hand_back(back);
-                return;
-            }
-            Rebalance::Revoke(tpl) => tpl,
-        };
-        metrics::rebalance("revoke");
-        offsets.stats.revocations.fetch_add(1, Ordering::Relaxed);
-        let elements = tpl.elements();
-        let revoked: Vec<(&str, i32)> = elements
-            .iter()
-            .map(|e| (e.topic(), e.partition()))
-            .collect();
-        // From here no record of theirs reaches a handler, here or in the runtime.
-        let indices = offsets.leave(revoked.iter().copied());
-        let closing = offsets.closing.load(Ordering::Acquire);
-        if !closing {
-            // What the runtime holds of them goes back to the next owner; what runs here
-            // finishes first (at most `revoke_wait_ms`), so that the next owner never runs a
-            // key while this member does, and its completions are in the commit below. The
-            // poll thread blocks meanwhile: the configuration keeps the wait and the commit
-            // well inside `max.poll.interval.ms`, which counts from the poll that delivered
-            // this callback (rdkafka runs it after librdkafka's poll returned).
-            let back = self.link.hand_back(&indices, true);
-            offsets.count_hand_back(back);
-        }
-        // A lost assignment (session timed out) already belongs to someone else: committing
-        // would fail, or worse overwrite the new owner's position.
-        if !closing && !consumer.assignment_lost() {
-            // Commit what is settled before giving the partitions up, so the next owner starts
-            // exactly after it. A synchronous commit here is what librdkafka documents for
-            // this callback; on failure the next owner redelivers from the older position.
-            let wait = offsets.commit_wait.lock().unwrap_or(Duration::from_secs(5));
-            offsets.commit_with(
-                CommitTrigger::Revoke,
-                |idx| indices.contains(&idx),
-                Some(wait),
-                |commit| consumer.commit(commit, CommitMode::Sync),
-            );
-        }
-        offsets.revoke(revoked);
-    }
-
-    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if !self.current() {
-            return;
-        }
-        match rebalance {
-            Rebalance::Assign(tpl) => {
-                metrics::rebalance("assign");
-                self.offsets
-                    .stats
-                    .assignments
-                    .fetch_add(1, Ordering::Relaxed);
-                self.offsets
-                    .assign(tpl.elements().iter().map(|e| (e.topic(), e.partition())));
-                // Set the pause flag the source wants on every assignment, both ways. Without
-                // the resume, a source that was paused when its assignment was lost (a broker
-                // restart outlasting the session) and resumed while it had no partitions never
-                // fetched again once they came back.
-                let all = self.offsets.paused.load(Ordering::Acquire);
-                if let Err(err) = self.offsets.apply_pauses(consumer, tpl, all) {
-                    tracing::warn!(%err, "kafka source: could not set the new assignment's pause flag");
-                }
-            }
-            // Handled before rdkafka unassigned (`pre_rebalance`).
-            Rebalance::Revoke(_) | Rebalance::Error(_) => {}
         }
     }
 }

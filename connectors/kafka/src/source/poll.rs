@@ -47,10 +47,12 @@ use crate::KafkaMessage;
 
 use super::classify::{Anchor, Classifier, MessageMeta, UnclassifiedReason};
 use super::client::ClientFactory;
-use super::commit::{Request, Slot};
+use super::client::SharedClient;
+use super::commit::Request;
+use super::context::SourceContext;
 use super::headers::read_headers;
 use super::link::RuntimeLink;
-use super::offsets::{LastStream, Offsets, SourceContext};
+use super::offsets::{LastStream, Offsets};
 use super::stats::Stats;
 
 /// How long one poll waits for a record while consuming.
@@ -73,12 +75,12 @@ pub(crate) type Delivery = (u64, Envelope<KafkaMessage>);
 /// Records handed over together, in offset order per partition.
 pub(crate) type Batch = Vec<Delivery>;
 
-/// The hand-off channel's slots and the batch size for a buffer of `capacity` records: batches
-/// of at most [`MAX_BATCH`], and as many slots as it takes to hold `capacity` records (at most
-/// `slots - 1` more, from rounding up).
+/// The hand-off channel's capacity in batches and the batch size for a buffer of `capacity`
+/// records: batches of at most [`MAX_BATCH`], and as many as it takes to hold `capacity`
+/// records (at most `batches - 1` more, from rounding up).
 pub(crate) fn handoff_shape(capacity: usize) -> (usize, usize) {
-    let slots = capacity.div_ceil(MAX_BATCH).max(1);
-    (slots, capacity.div_ceil(slots).max(1))
+    let batches = capacity.div_ceil(MAX_BATCH).max(1);
+    (batches, capacity.div_ceil(batches).max(1))
 }
 
 /// Flags the source handle sets for the poll thread.
@@ -98,7 +100,7 @@ pub(crate) struct Control {
 pub(crate) struct PollLoop {
     pub(crate) consumer: Arc<BaseConsumer<SourceContext>>,
     /// The client the committer uses: replaced together with `consumer`.
-    pub(crate) slot: Slot,
+    pub(crate) client: SharedClient,
     pub(crate) commits: std::sync::mpsc::Sender<Request>,
     pub(crate) factory: ClientFactory,
     pub(crate) offsets: Arc<Offsets>,
@@ -110,8 +112,8 @@ pub(crate) struct PollLoop {
     pub(crate) clock: Clock,
     pub(crate) control: Arc<Control>,
     pub(crate) tx: mpsc::Sender<Batch>,
-    /// Slots of the hand-off channel (batches).
-    pub(crate) slots: usize,
+    /// The hand-off channel's capacity, in batches.
+    pub(crate) batches: usize,
     /// Records per batch, at most.
     pub(crate) batch: usize,
     /// The partition tracked last (see `Offsets::track_cached`).
@@ -156,7 +158,7 @@ impl PollLoop {
                     continue;
                 }
             }
-            let by_buffer = !held.is_empty() || (paused && self.tx.capacity() * 2 < self.slots);
+            let by_buffer = !held.is_empty() || (paused && self.tx.capacity() * 2 < self.batches);
             let want = by_runtime || by_buffer;
             if want != paused {
                 self.set_paused(want, if by_runtime { "runtime" } else { "buffer" });
@@ -265,7 +267,7 @@ impl PollLoop {
             match self.factory.create() {
                 Ok(fresh) => {
                     let fresh = Arc::new(fresh);
-                    *self.slot.lock() = Arc::clone(&fresh);
+                    *self.client.lock() = Arc::clone(&fresh);
                     let old = std::mem::replace(&mut self.consumer, fresh);
                     // Closing a fenced client may take a while; its callbacks are ignored. (The
                     // committer may still hold it for a moment: then it closes it the same way.)
@@ -396,7 +398,7 @@ impl PollLoop {
         // Dropping the consumer leaves the group and destroys the client (once the committer
         // let go of it too); with the broker down this can take long, which the handle's
         // shutdown bounds by not waiting for it.
-        drop(self.slot);
+        drop(self.client);
         drop(self.consumer);
         let _ = self.done.send(());
     }
@@ -426,7 +428,7 @@ impl Tally {
             let n = std::mem::take(&mut self.unclassified[reason.index()]);
             if n > 0 {
                 stats.unclassified[reason.index()].fetch_add(n, Ordering::Relaxed);
-                metrics::unclassified(reason, n);
+                metrics::unclassified(reason.as_str(), n);
             }
         }
         self.consumed = 0;
@@ -440,15 +442,18 @@ mod tests {
     #[test]
     fn the_handoff_holds_the_capacity_in_whole_batches() {
         for capacity in [1, 2, 63, 64, 65, 100, 1000, 1001, 4096, 1_000_000] {
-            let (slots, batch) = handoff_shape(capacity);
+            let (batches, batch) = handoff_shape(capacity);
             assert!(
                 (1..=MAX_BATCH).contains(&batch),
                 "{capacity}: batch {batch}"
             );
-            assert!(slots * batch >= capacity, "{capacity}: {slots} x {batch}");
             assert!(
-                slots * batch < capacity + slots,
-                "{capacity}: {slots} x {batch}"
+                batches * batch >= capacity,
+                "{capacity}: {batches} x {batch}"
+            );
+            assert!(
+                batches * batch < capacity + batches,
+                "{capacity}: {batches} x {batch}"
             );
         }
         assert_eq!(handoff_shape(1000), (16, 63));
