@@ -284,10 +284,10 @@ impl ConcurrencyLimit {
     /// A waiter for a slot that a `tier` job may use, counted until dropped: woken when a
     /// release frees such a slot. Take it before the last [`try_acquire`](Self::try_acquire)
     /// (or the last check of [`allowed_mask`](Self::allowed_mask)), then await it.
-    pub(crate) fn listen(&self, tier: Criticality) -> SlotListener<'_> {
+    pub(crate) fn listen(&self, tier: Criticality) -> ReleaseListener<'_> {
         let rank = tier.rank();
         self.inner.waiting[rank].fetch_add(1, Ordering::Relaxed);
-        let listener = SlotListener {
+        let listener = ReleaseListener {
             waiting: &self.inner.waiting[rank],
             listener: self.inner.released[rank].listen(),
         };
@@ -362,33 +362,37 @@ impl ConcurrencyLimit {
         }))
     }
 
-    /// [`try_acquire_up_to`](Self::try_acquire_up_to) with a slot that borrows the limit
+    /// [`try_acquire_up_to`](Self::try_acquire_up_to) with a permit that borrows the limit
     /// rather than sharing it: for the runtime's workers, which outlive their jobs, so that a
-    /// job's slot costs no reference count (two atomic read-modify-writes, on a line every
+    /// job's permit costs no reference count (two atomic read-modify-writes, on a line every
     /// worker shares). The same semantics in every other respect.
-    pub(crate) fn try_slot_up_to(&self, tier: Criticality, allowed: usize) -> Option<Slot<'_>> {
+    pub(crate) fn try_acquire_ref_up_to(
+        &self,
+        tier: Criticality,
+        allowed: usize,
+    ) -> Option<PermitRef<'_>> {
         let in_flight_at_start = self.inner.claim(allowed.min(self.limit()))?;
-        Some(Slot(Taken {
+        Some(PermitRef(Taken {
             inner: &*self.inner,
             in_flight_at_start,
             tier,
         }))
     }
 
-    /// [`try_acquire`](Self::try_acquire), as a borrowed [`Slot`].
-    pub(crate) fn try_slot(&self, tier: Criticality) -> Option<Slot<'_>> {
-        self.try_slot_up_to(tier, self.allowed(tier))
+    /// [`try_acquire`](Self::try_acquire), as a [`PermitRef`].
+    pub(crate) fn try_acquire_ref(&self, tier: Criticality) -> Option<PermitRef<'_>> {
+        self.try_acquire_ref_up_to(tier, self.allowed(tier))
     }
 
-    /// [`acquire`](Self::acquire), as a borrowed [`Slot`].
-    pub(crate) async fn slot(&self, tier: Criticality) -> Slot<'_> {
+    /// [`acquire`](Self::acquire), as a [`PermitRef`].
+    pub(crate) async fn acquire_ref(&self, tier: Criticality) -> PermitRef<'_> {
         loop {
-            if let Some(s) = self.try_slot(tier) {
-                return s;
+            if let Some(p) = self.try_acquire_ref(tier) {
+                return p;
             }
             let released = self.listen(tier);
-            if let Some(s) = self.try_slot(tier) {
-                return s;
+            if let Some(p) = self.try_acquire_ref(tier) {
+                return p;
             }
             released.await;
         }
@@ -403,9 +407,10 @@ impl ConcurrencyLimit {
 #[must_use = "dropping a Permit releases its slot at once"]
 pub struct Permit(Taken<Arc<Inner>>);
 
-/// A [`Permit`] that borrows its limit (see [`ConcurrencyLimit::try_slot_up_to`]).
-#[must_use = "dropping a Slot releases it at once"]
-pub(crate) struct Slot<'a>(Taken<&'a Inner>);
+/// A [`Permit`] that borrows its limit rather than sharing it (see
+/// [`ConcurrencyLimit::try_acquire_ref_up_to`]).
+#[must_use = "dropping a PermitRef releases its slot at once"]
+pub(crate) struct PermitRef<'a>(Taken<&'a Inner>);
 
 /// A slot taken, whatever holds the limit: released when dropped.
 struct Taken<P: std::ops::Deref<Target = Inner>> {
@@ -442,7 +447,7 @@ impl Permit {
     }
 }
 
-impl Slot<'_> {
+impl PermitRef<'_> {
     /// [`Permit::record`].
     pub(crate) fn record(self, latency: Duration, dropped: bool) -> usize {
         self.0.record(latency, dropped)
@@ -539,12 +544,12 @@ impl Inner {
 
 /// A registered waiter for a concurrency slot (see [`ConcurrencyLimit::listen`]): a future
 /// that completes when a release may let its tier proceed. Uncounted on drop.
-pub(crate) struct SlotListener<'a> {
+pub(crate) struct ReleaseListener<'a> {
     waiting: &'a AtomicUsize,
     listener: event_listener::EventListener,
 }
 
-impl std::future::Future for SlotListener<'_> {
+impl std::future::Future for ReleaseListener<'_> {
     type Output = ();
 
     fn poll(
@@ -555,15 +560,15 @@ impl std::future::Future for SlotListener<'_> {
     }
 }
 
-impl Drop for SlotListener<'_> {
+impl Drop for ReleaseListener<'_> {
     fn drop(&mut self) {
         self.waiting.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
-impl fmt::Debug for SlotListener<'_> {
+impl fmt::Debug for ReleaseListener<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SlotListener").finish_non_exhaustive()
+        f.debug_struct("ReleaseListener").finish_non_exhaustive()
     }
 }
 

@@ -277,11 +277,11 @@ where
     // The pop applied the tier mask of the shares (`worker_mask`); another worker may have
     // taken the last slot since. With work-conserving shares a popped item borrows an idle
     // slot rather than sitting on it until its share frees; else it waits within its share.
-    let permit = match inner.limit.try_slot(tier).or_else(|| {
+    let permit = match inner.limit.try_acquire_ref(tier).or_else(|| {
         inner
             .config()
             .work_conserving
-            .then(|| inner.limit.try_slot_up_to(tier, inner.limit.limit()))
+            .then(|| inner.limit.try_acquire_ref_up_to(tier, inner.limit.limit()))
             .flatten()
     }) {
         Some(p) => p,
@@ -289,7 +289,7 @@ where
             // Nothing the tally holds waits behind a slot (nor is lost if the worker is
             // dropped here at shutdown).
             local.flush(inner);
-            let p = inner.limit.slot(tier).await;
+            let p = inner.limit.acquire_ref(tier).await;
             now = inner.clock.now();
             p
         }

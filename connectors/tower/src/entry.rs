@@ -13,21 +13,21 @@ use triage::{ConfigError, Criticality, PerTier};
 
 use crate::RefusalReason;
 
-/// What a waiting request is told: its slot, or why it gets none.
-enum Grant {
-    Slot(Permit),
+/// What a waiting request is told: its permit (a slot of the limit), or why it gets none.
+enum Answer {
+    Permit(Permit),
     Refused(RefusalReason),
 }
 
 struct Waiter {
-    tx: oneshot::Sender<Grant>,
+    tx: oneshot::Sender<Answer>,
 }
 
 impl Waiter {
     fn refuse(self, reason: RefusalReason) {
         // A waiter that has gone (its client disconnected, its deadline passed) needs no
         // answer.
-        let _ = self.tx.send(Grant::Refused(reason));
+        let _ = self.tx.send(Answer::Refused(reason));
     }
 }
 
@@ -197,7 +197,7 @@ impl EntryAdmission {
         &self,
         tier: Criticality,
         deadline: Option<Instant>,
-    ) -> Result<oneshot::Receiver<Grant>, RefusalReason> {
+    ) -> Result<oneshot::Receiver<Answer>, RefusalReason> {
         // Queue-age admission is one atomic load: refuse before allocating the channel.
         if !self.inner.queue.admits(tier) {
             return Err(RefusalReason::Capacity);
@@ -272,7 +272,7 @@ impl EntryAdmission {
 
     async fn wait(
         &self,
-        rx: oneshot::Receiver<Grant>,
+        rx: oneshot::Receiver<Answer>,
         deadline: Option<Instant>,
     ) -> Result<Permit, RefusalReason> {
         // Counts the wait as abandoned unless the dispatcher answered it.
@@ -292,8 +292,8 @@ impl EntryAdmission {
         };
         leaving.answered = true;
         match granted {
-            Ok(Grant::Slot(permit)) => Ok(permit),
-            Ok(Grant::Refused(reason)) => Err(reason),
+            Ok(Answer::Permit(permit)) => Ok(permit),
+            Ok(Answer::Refused(reason)) => Err(reason),
             // The dispatcher dropped the waiter: the queue closed.
             Err(_) => Err(RefusalReason::Capacity),
         }
@@ -372,7 +372,7 @@ async fn dispatch(inner: Arc<Inner>) {
         while let Some(p) = permit.take() {
             match queue.try_pop_masked(mask) {
                 Ok(Dequeued::Ready(entry)) => {
-                    if let Err(Grant::Slot(p)) = entry.into_inner().tx.send(Grant::Slot(p)) {
+                    if let Err(Answer::Permit(p)) = entry.into_inner().tx.send(Answer::Permit(p)) {
                         // Gone while waiting: the next one takes the slot.
                         permit = Some(p);
                     }

@@ -47,10 +47,11 @@ impl<S> std::fmt::Debug for TriageService<S> {
     }
 }
 
-/// A request holding a slot: releases it with a latency sample when the inner service
-/// answers, and counts the request served (and within its deadline or not). Dropped first
-/// (the client went away), it releases the slot without a sample.
-struct Slot {
+/// An admitted request, holding its permit (a slot of the limit): releases it with a latency
+/// sample when the inner service answers, and counts the request served (and within its
+/// deadline or not). Dropped first (the client went away), it releases the slot without a
+/// sample.
+struct Admitted {
     permit: Permit,
     granted: Instant,
     tier: Criticality,
@@ -60,10 +61,10 @@ struct Slot {
     shared: Arc<Shared>,
 }
 
-impl Slot {
-    /// The slot of a request granted `permit` now.
+impl Admitted {
+    /// A request granted `permit` now.
     fn new(permit: Permit, d: &Decided, shared: &Arc<Shared>) -> Self {
-        Slot {
+        Admitted {
             permit,
             granted: shared.clock.now(),
             tier: d.tier,
@@ -110,7 +111,7 @@ pin_project! {
         // A never-shed path.
         Direct { #[pin] fut: F },
         // Admitted at once, holding its slot.
-        Served { #[pin] fut: F, slot: Option<Slot> },
+        Served { #[pin] fut: F, admitted: Option<Admitted> },
         // Waiting for a slot, then served or refused.
         Waiting { fut: BoxFuture<Result<Response<TriageBody<B>>, E>> },
     }
@@ -129,10 +130,10 @@ where
                 None => panic!("ResponseFuture polled after completion"),
             },
             KindProj::Direct { fut } => fut.poll(cx).map_ok(|r| r.map(Either::Left)),
-            KindProj::Served { fut, slot } => {
+            KindProj::Served { fut, admitted } => {
                 let out = std::task::ready!(fut.poll(cx));
-                if let Some(slot) = slot.take() {
-                    slot.finish(out.as_ref().ok());
+                if let Some(admitted) = admitted.take() {
+                    admitted.finish(out.as_ref().ok());
                 }
                 Poll::Ready(out.map(|r| r.map(Either::Left)))
             }
@@ -198,11 +199,11 @@ where
         }
         if let Some(permit) = shared.admission.try_now(d.tier) {
             shared.stamp(&d, &mut head);
-            let slot = Slot::new(permit, &d, shared);
+            let admitted = Admitted::new(permit, &d, shared);
             return ResponseFuture {
                 kind: Kind::Served {
                     fut: self.inner.call(Request::from_parts(head, body)),
-                    slot: Some(slot),
+                    admitted: Some(admitted),
                 },
             };
         }
@@ -223,9 +224,9 @@ where
                     match wait.await {
                         Ok(permit) => {
                             shared.stamp(&d, &mut head);
-                            let slot = Slot::new(permit, &d, &shared);
+                            let admitted = Admitted::new(permit, &d, &shared);
                             let out = inner.call(Request::from_parts(head, body)).await;
-                            slot.finish(out.as_ref().ok());
+                            admitted.finish(out.as_ref().ok());
                             out.map(|r| r.map(Either::Left))
                         }
                         Err(reason) => {

@@ -338,16 +338,16 @@ impl AmqpSourceConfig {
 
     /// Every consumed queue with its fixed tier, in the order `next` reads them: `queue`
     /// first (it may hold any tier), then the tier queues from Critical down.
-    pub(crate) fn slots(&self) -> Vec<(String, Option<Criticality>)> {
-        let mut slots = Vec::with_capacity(1 + self.tier_queues.len());
+    pub(crate) fn consumed_queues(&self) -> Vec<(String, Option<Criticality>)> {
+        let mut consumed = Vec::with_capacity(1 + self.tier_queues.len());
         if !self.queue.is_empty() {
-            slots.push((self.queue.clone(), None));
+            consumed.push((self.queue.clone(), None));
         }
         let mut tiers: Vec<&TierQueue> = self.tier_queues.iter().collect();
         // Stable: queues of one tier keep their configured order.
         tiers.sort_by_key(|t| std::cmp::Reverse(t.tier.rank()));
-        slots.extend(tiers.into_iter().map(|t| (t.queue.clone(), Some(t.tier))));
-        slots
+        consumed.extend(tiers.into_iter().map(|t| (t.queue.clone(), Some(t.tier))));
+        consumed
     }
 
     /// Checks that every delivery this source accepts can be re-published through a sink

@@ -1,11 +1,11 @@
 //! Deliveries received by the link task and not yet taken by [`next`](super::AmqpSource):
 //! the state the two share, in a file of its own so that neither imports the other.
 //!
-//! One buffer per consumed queue (a *slot*), each bounded by the prefetch: the broker sends a
-//! consumer at most `prefetch` unsettled deliveries, and nothing here is settled before it
-//! has been taken. A slot whose tier the runtime is shedding is skipped by [`Inbox::pop`]
-//! (`Source::pause_tiers`): its deliveries stay in the buffer, the broker keeps the rest of
-//! that queue, and the other slots are read as usual.
+//! One buffer per consumed queue (by its index in read order), each bounded by the prefetch:
+//! the broker sends a consumer at most `prefetch` unsettled deliveries, and nothing here is
+//! settled before it has been taken. A queue whose tier the runtime is shedding is skipped by
+//! [`Inbox::pop`] (`Source::pause_tiers`): its deliveries stay in the buffer, the broker keeps
+//! the rest of that queue, and the other queues are read as usual.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,11 +16,11 @@ use lapin::message::Delivery;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// One received delivery: its slot, the epoch of the channel it came on, and when the link
+/// One received delivery: its queue's index, the epoch of the channel it came on, and when the link
 /// task received it (the broker's consumer timeout runs from about then).
 #[derive(Debug)]
 pub(crate) struct Received {
-    pub(crate) slot: usize,
+    pub(crate) queue: usize,
     pub(crate) epoch: u64,
     pub(crate) at: Instant,
     pub(crate) delivery: Delivery,
@@ -28,9 +28,9 @@ pub(crate) struct Received {
 
 #[derive(Debug)]
 struct State {
-    /// Per slot, oldest first: epoch, receipt, delivery.
-    slots: Vec<VecDeque<(u64, Instant, Delivery)>>,
-    /// Per slot, whether its tier is paused.
+    /// Per consumed queue, oldest first: epoch, receipt, delivery.
+    buffers: Vec<VecDeque<(u64, Instant, Delivery)>>,
+    /// Per consumed queue, whether its tier is paused.
     paused: Vec<bool>,
     /// The link task has stopped: nothing more will arrive.
     finished: bool,
@@ -46,11 +46,11 @@ pub(crate) struct Inbox {
 }
 
 impl Inbox {
-    pub(crate) fn new(slots: usize) -> Self {
+    pub(crate) fn new(queues: usize) -> Self {
         Inbox {
             state: Mutex::new(State {
-                slots: (0..slots).map(|_| VecDeque::new()).collect(),
-                paused: vec![false; slots],
+                buffers: (0..queues).map(|_| VecDeque::new()).collect(),
+                paused: vec![false; queues],
                 finished: false,
             }),
             arrived: Notify::new(),
@@ -64,15 +64,15 @@ impl Inbox {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Deliveries arrived in channel `epoch`, each on its slot.
+    /// Deliveries arrived in channel `epoch`, each with its queue's index.
     pub(crate) fn push_all(&self, epoch: u64, deliveries: impl Iterator<Item = (usize, Delivery)>) {
         let at = Instant::now();
         let readable = {
             let mut state = self.lock();
             let mut readable = false;
-            for (slot, delivery) in deliveries {
-                state.slots[slot].push_back((epoch, at, delivery));
-                readable |= !state.paused[slot];
+            for (queue, delivery) in deliveries {
+                state.buffers[queue].push_back((epoch, at, delivery));
+                readable |= !state.paused[queue];
             }
             readable
         };
@@ -86,27 +86,29 @@ impl Inbox {
     pub(crate) fn clear(&self) -> usize {
         let mut state = self.lock();
         let mut dropped = 0;
-        for slot in &mut state.slots {
-            dropped += slot.len();
-            slot.clear();
+        for buffer in &mut state.buffers {
+            dropped += buffer.len();
+            buffer.clear();
         }
         dropped
     }
 
-    /// The oldest delivery of the first slot (in slot order) that is not paused.
+    /// The oldest delivery of the first queue (in read order) that is not paused.
     pub(crate) fn pop(&self) -> Option<Received> {
         let mut state = self.lock();
-        let State { slots, paused, .. } = &mut *state;
-        slots
+        let State {
+            buffers, paused, ..
+        } = &mut *state;
+        buffers
             .iter_mut()
             .zip(paused.iter())
             .enumerate()
-            .find_map(|(slot, (buffer, &paused))| {
+            .find_map(|(queue, (buffer, &paused))| {
                 if paused {
                     return None;
                 }
                 buffer.pop_front().map(|(epoch, at, delivery)| Received {
-                    slot,
+                    queue,
                     epoch,
                     at,
                     delivery,
@@ -114,21 +116,21 @@ impl Inbox {
             })
     }
 
-    /// Takes out of every slot, paused or not, the deliveries received `waited` or longer ago:
-    /// the oldest of each slot first, stopping at the first younger one (a slot is in order of
-    /// receipt).
+    /// Takes out of every queue's buffer, paused or not, the deliveries received `waited` or
+    /// longer ago: the oldest of each first, stopping at the first younger one (a buffer is in
+    /// order of receipt).
     pub(crate) fn take_waited(&self, waited: Duration) -> Vec<Received> {
         let now = Instant::now();
         let mut out = Vec::new();
         let mut state = self.lock();
-        for (slot, buffer) in state.slots.iter_mut().enumerate() {
+        for (queue, buffer) in state.buffers.iter_mut().enumerate() {
             while buffer
                 .front()
                 .is_some_and(|(_, at, _)| now.saturating_duration_since(*at) >= waited)
             {
                 if let Some((epoch, at, delivery)) = buffer.pop_front() {
                     out.push(Received {
-                        slot,
+                        queue,
                         epoch,
                         at,
                         delivery,
@@ -139,15 +141,16 @@ impl Inbox {
         out
     }
 
-    /// Pauses (`true`) or resumes each slot; wakes `next` when a slot with deliveries resumes.
+    /// Pauses (`true`) or resumes each queue (by index); wakes `next` when a queue with
+    /// deliveries resumes.
     pub(crate) fn set_paused(&self, paused: impl Fn(usize) -> bool) {
         let wake = {
             let mut state = self.lock();
             let mut wake = false;
-            for slot in 0..state.paused.len() {
-                let now = paused(slot);
-                wake |= state.paused[slot] && !now && !state.slots[slot].is_empty();
-                state.paused[slot] = now;
+            for queue in 0..state.paused.len() {
+                let now = paused(queue);
+                wake |= state.paused[queue] && !now && !state.buffers[queue].is_empty();
+                state.paused[queue] = now;
             }
             wake
         };

@@ -66,7 +66,7 @@ enum Ended {
 /// Everything the task needs, moved into it.
 pub(crate) struct Link {
     pub(crate) config: Arc<AmqpSourceConfig>,
-    /// Consumed queues, in slot order.
+    /// Consumed queues, in read order.
     pub(crate) queues: Vec<Arc<str>>,
     pub(crate) settler: Arc<Settler>,
     pub(crate) metrics: Arc<SourceMetrics>,
@@ -241,9 +241,9 @@ impl Link {
         // Each consumer's stream ends with a `None` marker, so one cancelled consumer (its
         // queue deleted) is noticed even while the others go on.
         let mut deliveries =
-            stream::select_all(consumers.into_iter().enumerate().map(|(slot, consumer)| {
+            stream::select_all(consumers.into_iter().enumerate().map(|(queue, consumer)| {
                 consumer
-                    .map(move |delivery| Some((slot, delivery)))
+                    .map(move |delivery| Some((queue, delivery)))
                     .chain(stream::once(futures_util::future::ready(None)))
                     .boxed()
             }));
@@ -260,7 +260,7 @@ impl Link {
             // wake-up for a burst instead of one per delivery.
             let lost = loop {
                 match item {
-                    Some(Some((slot, Ok(delivery)))) => batch.push((slot, delivery)),
+                    Some(Some((queue, Ok(delivery)))) => batch.push((queue, delivery)),
                     Some(Some((_, Err(e)))) => {
                         tracing::warn!(queue = %self.queues[0], error = %e, "amqp consumer lost its channel");
                         break true;

@@ -99,8 +99,8 @@ use crate::{AmqpError, AmqpMessage, AmqpSourceStats};
 /// ```
 pub struct AmqpSource {
     config: Arc<AmqpSourceConfig>,
-    /// Per slot (consumed queue, in read order): its name and classification rules.
-    slots: Vec<Slot>,
+    /// Per consumed queue, in read order: its name and classification rules.
+    consumed: Vec<ConsumedQueue>,
     clock: Clock,
     settler: Arc<Settler>,
     metrics: Arc<SourceMetrics>,
@@ -112,7 +112,7 @@ pub struct AmqpSource {
 }
 
 /// One consumed queue.
-struct Slot {
+struct ConsumedQueue {
     queue: Arc<str>,
     tier: Option<Criticality>,
     /// Whether a rejected delivery of this queue reaches a dead-letter exchange.
@@ -125,7 +125,7 @@ impl std::fmt::Debug for AmqpSource {
         f.debug_struct("AmqpSource")
             .field(
                 "queues",
-                &self.slots.iter().map(|s| &*s.queue).collect::<Vec<_>>(),
+                &self.consumed.iter().map(|c| &*c.queue).collect::<Vec<_>>(),
             )
             .field("epoch", &self.epoch())
             .field("paused", &self.paused)
@@ -153,10 +153,10 @@ impl AmqpSource {
     ) -> Result<Self, AmqpError> {
         config.validate(queue_capacity.get())?;
         let config = Arc::new(config);
-        let slots: Vec<Slot> = config
-            .slots()
+        let consumed: Vec<ConsumedQueue> = config
+            .consumed_queues()
             .into_iter()
-            .map(|(queue, tier)| Slot {
+            .map(|(queue, tier)| ConsumedQueue {
                 classifier: Classifier::new(
                     config.classify.clone(),
                     config.deadline.clone(),
@@ -168,12 +168,12 @@ impl AmqpSource {
                 tier,
             })
             .collect();
-        let metrics = SourceMetrics::new(&slots[0].queue);
+        let metrics = SourceMetrics::new(&consumed[0].queue);
         let settler = Settler::spawn(Arc::clone(&metrics), config.dead_letter_via_sink);
-        let inbox = Arc::new(Inbox::new(slots.len()));
+        let inbox = Arc::new(Inbox::new(consumed.len()));
         let mut link = Link {
             config: Arc::clone(&config),
-            queues: slots.iter().map(|s| Arc::clone(&s.queue)).collect(),
+            queues: consumed.iter().map(|c| Arc::clone(&c.queue)).collect(),
             settler: Arc::clone(&settler),
             metrics: Arc::clone(&metrics),
             inbox: Arc::clone(&inbox),
@@ -190,7 +190,7 @@ impl AmqpSource {
         let task = tokio::spawn(link.run(live, stop_rx));
         Ok(AmqpSource {
             config,
-            slots,
+            consumed,
             clock: Clock::new(),
             settler,
             metrics,
@@ -230,7 +230,7 @@ impl AmqpSource {
 
     /// The (first) queue consumed: `queue`, or the highest tier queue without one.
     pub fn queue(&self) -> &str {
-        &self.slots[0].queue
+        &self.consumed[0].queue
     }
 
     /// Counters since the source was created (see the [`metrics`](crate::metrics) table).
@@ -271,7 +271,7 @@ impl AmqpSource {
     /// `None` also for a delivery of a channel that is gone (the broker requeued it).
     fn envelope(&mut self, received: Received) -> Option<Envelope<AmqpMessage>> {
         let Received {
-            slot,
+            queue,
             epoch,
             at,
             delivery,
@@ -285,10 +285,10 @@ impl AmqpSource {
             self.metrics.redelivered.incr();
         }
         let size = delivery.data.len();
-        let slot = &self.slots[slot];
+        let consumed = &self.consumed[queue];
         if size > self.config.max_payload_bytes {
             self.metrics.oversize.incr();
-            if slot.can_reject {
+            if consumed.can_reject {
                 self.settler.settle(token, Settle::Reject);
                 return None;
             }
@@ -298,7 +298,9 @@ impl AmqpSource {
         let now_unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        let class = slot.classifier.classify(&delivery.properties, now_unix_ms);
+        let class = consumed
+            .classifier
+            .classify(&delivery.properties, now_unix_ms);
         if let Some(reason) = class.unclassified {
             self.metrics.unclassified(reason);
         }
@@ -306,7 +308,7 @@ impl AmqpSource {
             .deadline_unix_ms
             .map(|at| classify::deadline_at(self.clock.now(), now_unix_ms, at));
         let ack = Ack::new(Arc::clone(&self.settler) as Arc<dyn AckSink>, token);
-        let message = AmqpMessage::from_delivery(delivery, Arc::clone(&slot.queue));
+        let message = AmqpMessage::from_delivery(delivery, Arc::clone(&consumed.queue));
         Some(
             Envelope::new(message, class.criticality, ack)
                 .with_attempt(class.attempt)
@@ -399,11 +401,11 @@ impl Source for AmqpSource {
     /// `tiers`, resumes the others. The mixed `queue` is always read.
     fn pause_tiers(&mut self, tiers: TierMask) {
         let paused: Vec<bool> = self
-            .slots
+            .consumed
             .iter()
-            .map(|s| s.tier.is_some_and(|t| tiers.contains(t)))
+            .map(|c| c.tier.is_some_and(|t| tiers.contains(t)))
             .collect();
-        self.inbox.set_paused(|slot| paused[slot]);
+        self.inbox.set_paused(|queue| paused[queue]);
     }
 
     /// The consumer timeout the broker applies ([`AmqpSourceConfig::consumer_timeout`]): the
