@@ -1,0 +1,24 @@
+//! A generated message.
+
+use triage::quanta::Instant;
+use triage::Criticality;
+
+/// What the generator publishes; `id` indexes the run's tally. A producer's re-submission of
+/// refused work (the retry storm) publishes the same `Msg` again.
+#[derive(Clone, Copy, Debug)]
+pub struct Msg {
+    /// Index in the tally.
+    pub id: u64,
+    /// Its tier.
+    pub tier: Criticality,
+    /// Publish time plus its tier's window.
+    pub deadline: Instant,
+    /// Bound for downstream `b` (the one that may fail).
+    pub to_b: bool,
+    /// Payload bytes it stands for (for a memory budget); 0 when the scenario has no sizes.
+    pub size: u32,
+    /// Ordering key, in key mode.
+    pub key: Option<u64>,
+    /// Times its producer re-published it after it was shed (the retry storm).
+    pub resubmits: u32,
+}

@@ -1,0 +1,100 @@
+//! The scenario matrix in a short form: every scenario at a tenth of its length, in virtual
+//! time, through triage's defaults (and a few through the plain FIFO), asserting the ledger,
+//! Critical's goodput, recovery and that a seed gives the same run twice.
+
+use triage::Criticality;
+use triage_scenarios::{matrix, run_virtual, Consumer, Outcome, Scenario};
+
+const SCALE: f64 = 0.1;
+
+fn short(name: &str) -> Scenario {
+    matrix()
+        .into_iter()
+        .find(|s| s.name == name)
+        .expect("a scenario of the matrix")
+        .scaled(SCALE)
+}
+
+fn ledger_balances(name: &str, out: &Outcome) {
+    let stats = out.stats.expect("a triage run");
+    assert!(out.balances, "{name}: ledger does not balance:\n{stats}");
+    let t = stats.ledger.total();
+    assert_eq!(t.consumed, t.settled() + t.released, "{name}:\n{stats}");
+    assert_eq!(t.released, 0, "{name}: released at shutdown:\n{stats}");
+}
+
+#[test]
+fn every_scenario_balances_its_ledger_and_keeps_critical() {
+    for sc in matrix() {
+        let sc = sc.scaled(SCALE);
+        let out = run_virtual(&sc, &Consumer::defaults());
+        ledger_balances(sc.name, &out);
+        let critical = out.goodput.share(Criticality::Critical);
+        let floor = match sc.name {
+            // Half the messages call a downstream failing 30% of its calls: a Critical message
+            // whose four attempts all fail (0.8%) is lost, plus what backoff makes late.
+            "failing-downstream" => 0.99,
+            // Two thirds of what is offered is a backlog published over the previous minute,
+            // mostly past its deadline before the run starts.
+            "backlog" => 0.35,
+            _ => 0.999,
+        };
+        assert!(
+            critical >= floor,
+            "{}: Critical goodput {critical:.4} < {floor}:\n{:?}",
+            sc.name,
+            out.goodput
+        );
+    }
+}
+
+#[test]
+fn nothing_is_shed_at_one_x_or_below() {
+    for name in ["steady-0.8x", "steady-1x"] {
+        let out = run_virtual(&short(name), &Consumer::defaults());
+        ledger_balances(name, &out);
+        let t = out.stats.expect("a triage run").ledger.total();
+        assert_eq!(t.shed, 0, "{name}: shed at or below 1x");
+        assert_eq!(out.shed_samples(), 0, "{name}: a tier refused");
+        for tier in Criticality::ALL {
+            assert!(
+                out.goodput.share(tier) >= 0.99,
+                "{name}: {tier} {:.4}",
+                out.goodput.share(tier)
+            );
+        }
+    }
+}
+
+#[test]
+fn at_three_x_triage_keeps_critical_and_high_where_the_fifo_loses_them() {
+    let sc = short("step-3x");
+    let fifo = run_virtual(&sc, &Consumer::fifo());
+    let triage = run_virtual(&sc, &Consumer::defaults());
+    ledger_balances(sc.name, &triage);
+    assert!(fifo.goodput.share(Criticality::Critical) < 0.5);
+    for tier in [Criticality::Critical, Criticality::High] {
+        assert!(triage.goodput.share(tier) >= 0.999, "{tier}");
+    }
+    assert!(triage.goodput.weighted() > fifo.goodput.weighted() + 0.4);
+    // Every tier is admitted again within a second of the step's end, with no oscillation.
+    let r = triage.recovery.expect("a step scenario");
+    let after = r.readmitted_after.expect("every tier admitted again");
+    assert!(after.as_secs_f64() <= 1.0, "{r:?}");
+    assert!(r.changes_after <= 2, "{r:?}");
+    assert!(r.peak >= 1, "nothing shed at 3x: {r:?}");
+}
+
+#[test]
+fn a_seed_gives_the_same_ledger_twice_and_another_seed_another() {
+    let sc = short("retry-storm");
+    let a = run_virtual(&sc, &Consumer::defaults());
+    let b = run_virtual(&sc, &Consumer::defaults());
+    let (sa, sb) = (a.stats.expect("triage"), b.stats.expect("triage"));
+    assert_eq!(a.goodput, b.goodput);
+    assert_eq!(sa.ledger, sb.ledger);
+    assert_eq!(a.shed_series, b.shed_series);
+    assert_eq!(a.resubmitted, b.resubmitted);
+    let c = run_virtual(&sc.with_seed(34), &Consumer::defaults());
+    assert_ne!(a.goodput, c.goodput);
+}
