@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use crate::admission::PullAdmissionConfig;
+use crate::admission::{PullAdmissionConfig, COHORTS};
 use crate::Criticality;
 
 /// One reading of a runtime's cumulative counters, taken every `tick_ms`.
@@ -90,7 +90,10 @@ pub struct PullSample {
 /// - **Shed level**: on a rate excess confirmed by a predicted miss or by sustained excess,
 ///   the highest tiers whose combined arrival fits `headroom × C` (default 0.95) stay
 ///   admitted and the rest are refused, from Sheddable up: a bottom prefix of the ladder, as
-///   with queue age. Critical is never refused by this rule.
+///   with queue age. Critical is never refused by this rule. Of the highest refused tier,
+///   the cohorts (slices of its users, see [`admitted_cohorts`](Self::admitted_cohorts))
+///   that fit the capacity left are admitted, re-evaluated every tick: the excess is refused,
+///   no more, and always from the same users.
 /// - **Recovery** is bottom-up: the level falls to the lowest level at which the admitted
 ///   arrival fits `headroom × C`, or fits `overload_ratio × C` over both windows with no
 ///   miss predicted for its lowest tier, once that has held for `recover_ms`. The gap between
@@ -176,6 +179,8 @@ pub struct PullAdmission {
     lag: f64,
     waiting: f64,
     level: u8,
+    /// Cohorts of the highest refused tier admitted (`0..=COHORTS`; 0 at level 0).
+    cohorts: u8,
     /// Since when the level has been allowed to fall.
     fitting_since: Option<Duration>,
 }
@@ -197,6 +202,7 @@ impl PullAdmission {
             lag: 0.0,
             waiting: 0.0,
             level: 0,
+            cohorts: 0,
             fitting_since: None,
         }
     }
@@ -206,6 +212,7 @@ impl PullAdmission {
         self.config = config.clone();
         if !config.enabled {
             self.level = 0;
+            self.cohorts = 0;
         }
     }
 
@@ -279,6 +286,7 @@ impl PullAdmission {
         self.waiting = sample.waiting as f64;
         if !self.config.enabled {
             self.level = 0;
+            self.cohorts = 0;
             return 0;
         }
         let Some(capacity) = self.capacity else {
@@ -311,7 +319,24 @@ impl PullAdmission {
         } else {
             self.fitting_since = None;
         }
+        self.cohorts = self.partial(capacity);
         self.level
+    }
+
+    /// The cohorts of the highest refused tier that fit the capacity the admitted tiers leave
+    /// within `headroom ×` capacity: that tier's share of the excess is refused, no more.
+    fn partial(&self, capacity: f64) -> u8 {
+        let Some(boundary) = (self.level as usize).checked_sub(1) else {
+            return 0;
+        };
+        let total: f64 = self.rates.iter().sum();
+        let own = self.arrival * self.rates[boundary] / total;
+        if total <= 0.0 || own <= 0.0 {
+            return 0;
+        }
+        let left = capacity * self.config.headroom - self.arrival * self.admitted_share(self.level);
+        let share = (left / own).clamp(0.0, 1.0);
+        (share * f64::from(COHORTS)).floor() as u8
     }
 
     /// The share of the arrival of the tiers admitted at `level` (1.0 at level 0).
@@ -390,9 +415,18 @@ impl PullAdmission {
         self.level
     }
 
-    /// Whether `tier` is admitted at the current level.
+    /// Whether `tier` is admitted whole at the current level (its cohorts aside).
     pub fn admits(&self, tier: Criticality) -> bool {
         tier.rank() >= self.level as usize
+    }
+
+    /// Cohorts (`0..=`[`COHORTS`]) of the highest refused tier (`rank() == level - 1`)
+    /// admitted all the same: that tier's arrival times `cohorts / COHORTS` is what fits the
+    /// capacity the admitted tiers leave (within `headroom`). A message of that tier is
+    /// admitted when its [`cohort`](crate::admission::cohort) is below it, so the capacity
+    /// left serves the same users fully (see `cohort.rs`). 0 at level 0.
+    pub fn admitted_cohorts(&self) -> u8 {
+        self.cohorts
     }
 
     /// The estimated arrival rate, messages/s, over the last window.

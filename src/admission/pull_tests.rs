@@ -54,6 +54,26 @@ fn overload_sheds_from_the_bottom_by_mix() {
 }
 
 #[test]
+fn the_capacity_left_admits_cohorts_of_the_highest_refused_tier() {
+    // 2.5x: Critical + High = 600/s of a budget of 0.95 x 800 = 760/s; the 160/s left is 26.7 %
+    // of Medium's 600/s: 34 of 128 cohorts.
+    let (mut a, mut s) = fresh();
+    drive(&mut a, &mut s, 20, 2000.0, 800.0);
+    assert_eq!((a.level(), a.admitted_cohorts()), (2, 34));
+    // 3x: 40/s left of Medium's 720/s: 7 cohorts.
+    let (mut a, mut s) = fresh();
+    drive(&mut a, &mut s, 20, 2400.0, 800.0);
+    assert_eq!((a.level(), a.admitted_cohorts()), (2, 7));
+    // 10x: Critical alone is over the budget; no High cohort fits.
+    let (mut a, mut s) = fresh();
+    drive(&mut a, &mut s, 20, 8000.0, 800.0);
+    assert_eq!((a.level(), a.admitted_cohorts()), (3, 0));
+    // Back to 0.5x: every tier admitted, no partial tier.
+    drive(&mut a, &mut s, 60, 400.0, 400.0);
+    assert_eq!((a.level(), a.admitted_cohorts()), (0, 0));
+}
+
+#[test]
 fn deferring_the_refused_tiers_does_not_hide_the_overload() {
     // Once Medium and Sheddable are deferred the worker pulls at the arrival rate and the
     // lag stops growing: the arrival estimate must stay 2,400/s.

@@ -2,7 +2,7 @@
 //! which builds the parts and spawns the workers and the sampler.
 
 use std::future::Future;
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::Arc;
 
 use quanta::Clock;
@@ -165,6 +165,7 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
         let origin = self.clock.now();
         let accounts = Arc::new(Accounts {
             clock_origin: origin,
+            cohort_period: AtomicU64::new(crate::admission::rotation_period()),
             ledger: crate::ledger::Ledger::new(),
             metrics: metrics::Metrics::register(),
             alive: AtomicI64::new(0),

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use quanta::Instant;
 
+use crate::admission::{cohort, rotation_period, user_hash};
 use crate::runtime::Ack;
 use crate::Criticality;
 
@@ -49,6 +50,13 @@ pub struct Envelope<T> {
     /// delivered it) when the source handed it out: counted against the source's
     /// [`patience`](crate::runtime::Source::patience). Default zero.
     pub waited: Duration,
+    /// The cohort (`0..COHORTS`) of the user or tenant the message serves, or `None`: set
+    /// with [`with_user`](Self::with_user). When pull-based admission can take only part of a
+    /// tier, it admits whole cohorts of users (see
+    /// [`admission::cohort`](crate::admission::cohort)), so the capacity left serves the same
+    /// users fully rather than every user partly. Without it the ordering key stands for the
+    /// user, and a message with neither is its own user.
+    pub cohort: Option<u8>,
 }
 
 impl<T> Envelope<T> {
@@ -64,6 +72,7 @@ impl<T> Envelope<T> {
             ack,
             ordering_key: None,
             waited: Duration::ZERO,
+            cohort: None,
         }
     }
 
@@ -108,6 +117,15 @@ impl<T> Envelope<T> {
     #[must_use]
     pub fn with_waited(mut self, waited: Duration) -> Self {
         self.waited = waited;
+        self
+    }
+
+    /// Sets the user or tenant the message serves, by its key: its cohort in the current
+    /// rotation period ([`cohort`](crate::admission::cohort) of [`user_hash`], DAGOR's hourly
+    /// reshuffle), the same on every consumer of the group.
+    #[must_use]
+    pub fn with_user(mut self, user: &[u8]) -> Self {
+        self.cohort = Some(cohort(user_hash(user), rotation_period()));
         self
     }
 

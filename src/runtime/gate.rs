@@ -11,7 +11,8 @@
 //! 3. **Shed level** (`overloaded`, pulled messages only): pull-based admission's level refuses
 //!    the lowest tiers while arrival is beyond capacity, but only while the workers have the
 //!    prefetch queued: refusal makes room for more important work, and idle workers next to
-//!    held work make none.
+//!    held work make none. Of the highest refused tier, the messages whose cohort is among
+//!    those admitted (the capacity left, see `admission::cohort`) pass.
 //! 4. **Memory** (`memory`): the bytes held against the tier's share of the memory budget.
 //! 5. **Queue full** (`full`, pulled messages whose policy is Backpressure only): a message that
 //!    would wait for a full queue with nothing below its tier to evict is refused on the
@@ -35,7 +36,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::admission::{admits_at, Decision, Grant};
+use crate::admission::{admits_at, admits_cohort, Decision, Grant};
 use crate::queue::{Meta, Removed};
 use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::item::{Item, Origin};
@@ -61,8 +62,9 @@ pub(crate) trait Checks {
     fn circuit_admits(&mut self) -> bool;
     /// The operator's forced shed level.
     fn forced_level(&self) -> u8;
-    /// Pull-based admission's shed level.
-    fn shed_level(&self) -> u8;
+    /// Whether pull-based admission admits it: its tier above the shed level, or its cohort
+    /// among those admitted of the highest refused tier.
+    fn shed_admits(&self, tier: Criticality) -> bool;
     /// Whether the queue holds the prefetch: every worker has work.
     fn workers_busy(&self) -> bool;
     /// Whether the memory budget admits its bytes.
@@ -87,7 +89,7 @@ pub(crate) fn decide(offered: Offered, checks: &mut impl Checks) -> Result<Grant
         return Err(Refusal::Forced);
     }
     let pulled = offered.origin != Origin::Pushed;
-    if pulled && !admits_at(checks.shed_level(), tier) && checks.workers_busy() {
+    if pulled && !checks.shed_admits(tier) && checks.workers_busy() {
         return Err(Refusal::Overloaded);
     }
     if !checks.memory_admits(tier) {
@@ -120,8 +122,9 @@ impl<T: Send + Sync + 'static> Checks for Against<'_, T> {
     }
 
     #[inline]
-    fn shed_level(&self) -> u8 {
-        self.inner.signals.shed_level()
+    fn shed_admits(&self, tier: Criticality) -> bool {
+        let (level, cohorts) = self.inner.signals.shed();
+        admits_cohort(level, cohorts, tier.rank(), self.item.cohort)
     }
 
     fn workers_busy(&self) -> bool {
@@ -321,8 +324,8 @@ mod tests {
         fn forced_level(&self) -> u8 {
             self.forced
         }
-        fn shed_level(&self) -> u8 {
-            self.shed
+        fn shed_admits(&self, tier: Criticality) -> bool {
+            admits_at(self.shed, tier)
         }
         fn workers_busy(&self) -> bool {
             self.busy

@@ -21,6 +21,9 @@ pub(crate) struct Accounts {
     /// The runtime's origin on its clock (`Inner::origin`): an item's hand-back instant is
     /// kept as an offset from it, in 8 bytes rather than an `Option<Instant>`'s 16.
     pub(crate) clock_origin: Instant,
+    /// The cohorts' rotation period now (`admission::rotation_period`), kept up to date by
+    /// the sampler so that no message reads the wall clock.
+    pub(crate) cohort_period: AtomicU64,
     pub(crate) ledger: Ledger,
     pub(crate) metrics: Metrics,
     /// Items alive: consumed and neither settled nor released (queued, held, deferring, in a
@@ -242,6 +245,9 @@ pub(crate) struct Item<T> {
     /// source last said it still has it: a recall since then may have taken it back (see
     /// `recall.rs`). Sixteen bits: within [`ITEM_BYTES`].
     pub(crate) recall_stamp: u16,
+    /// Its cohort within its tier (`0..COHORTS`, see `admission::cohort`): the slice of users
+    /// it belongs to when its tier is admitted in part.
+    pub(crate) cohort: u8,
     accounts: Arc<Accounts>,
 }
 
@@ -289,6 +295,12 @@ impl<T> Item<T> {
             last_refusal: None,
             ack: env.ack,
             recall_stamp: 0,
+            cohort: env.cohort.unwrap_or_else(|| {
+                crate::admission::cohort(
+                    env.ordering_key.unwrap_or_else(|| fastrand::u64(..)),
+                    accounts.cohort_period.load(Ordering::Relaxed),
+                )
+            }),
             accounts: Arc::clone(accounts),
         }
     }
@@ -379,6 +391,7 @@ impl<T> Item<T> {
             ack,
             ordering_key: self.key,
             waited: std::time::Duration::ZERO,
+            cohort: Some(self.cohort),
         })
     }
 

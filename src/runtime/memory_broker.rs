@@ -175,7 +175,29 @@ impl<T: Send + 'static> MemoryBroker<T> {
         size_bytes: usize,
         deferrals: u32,
     ) -> u64 {
-        self.append(payload, criticality, deadline, size_bytes, deferrals, None)
+        self.append(|ack| {
+            Envelope::new(payload, criticality, ack)
+                .with_deadline_opt(deadline)
+                .with_size_bytes(size_bytes)
+                .with_deferrals(deferrals)
+        })
+    }
+
+    /// Appends a message on behalf of a user or tenant (see
+    /// [`Envelope::with_user`](crate::runtime::Envelope::with_user)): when its tier is admitted in part,
+    /// the same users are served; returns its sequence number.
+    pub fn publish_for(
+        &self,
+        payload: T,
+        criticality: Criticality,
+        deadline: Option<Instant>,
+        user: &[u8],
+    ) -> u64 {
+        self.append(|ack| {
+            Envelope::new(payload, criticality, ack)
+                .with_deadline_opt(deadline)
+                .with_user(user)
+        })
     }
 
     /// Appends a message with an ordering key: the runtime processes the messages of one key
@@ -187,18 +209,15 @@ impl<T: Send + 'static> MemoryBroker<T> {
         deadline: Option<Instant>,
         key: u64,
     ) -> u64 {
-        self.append(payload, criticality, deadline, 0, 0, Some(key))
+        self.append(|ack| {
+            Envelope::new(payload, criticality, ack)
+                .with_deadline_opt(deadline)
+                .with_ordering_key(key)
+        })
     }
 
-    fn append(
-        &self,
-        payload: T,
-        criticality: Criticality,
-        deadline: Option<Instant>,
-        size_bytes: usize,
-        deferrals: u32,
-        key: Option<u64>,
-    ) -> u64 {
+    /// Appends the envelope `build` makes around the message's ack.
+    fn append(&self, build: impl FnOnce(Ack) -> Envelope<T>) -> u64 {
         let seq = {
             let mut st = self.inner.state.lock();
             let seq = st.states.len() as u64;
@@ -212,12 +231,7 @@ impl<T: Send + 'static> MemoryBroker<T> {
                     epoch: 0,
                 },
             );
-            let env = Envelope::new(payload, criticality, ack)
-                .with_deadline_opt(deadline)
-                .with_size_bytes(size_bytes)
-                .with_deferrals(deferrals)
-                .with_ordering_key_opt(key);
-            st.log.push_back(env);
+            st.log.push_back(build(ack));
             self.inner
                 .backlog
                 .store(st.log.len() as u64, Ordering::Relaxed);

@@ -39,6 +39,7 @@
 //! | `triage_queue_depth` | gauge | tier | items queued |
 //! | `triage_queue_age_seconds` | gauge | tier | queue age the tier sees (oldest item at or above it) |
 //! | `triage_shed_level` | gauge | | tiers refused by pull-based admission, 0..=3 (bottom prefix of the ladder) |
+//! | `triage_cohorts_admitted` | gauge | | of the highest tier pull-based admission refuses, the cohorts (slices of its users, 0..=128) admitted all the same |
 //! | `triage_config_generation` | gauge | | configuration in force: 1 at start, one more per applied reconfiguration |
 //! | `triage_config_refused_total` | counter | | reconfigurations and reloads refused (invalid value, unreadable or unparsable file): the configuration in force stayed |
 //! | `triage_forced_shed_level` | gauge | | tiers refused by the operator's switch (`forced_shed_level`), 0..=3 |
@@ -243,6 +244,11 @@ pub(crate) const SHED_LEVEL: Def = gauge_def(
     None,
     "Tiers refused by pull-based admission (arrival beyond capacity), 0 (all admitted) to 3 (Critical only), lowest tiers first.",
 );
+pub(crate) const COHORTS_ADMITTED: Def = gauge_def(
+    "triage_cohorts_admitted",
+    None,
+    "Of the highest tier refused by pull-based admission, the cohorts (slices of its users by a stable hash, 0 to 128) admitted all the same: the capacity left.",
+);
 pub(crate) const CONFIG_GENERATION: Def = gauge_def(
     "triage_config_generation",
     None,
@@ -389,6 +395,7 @@ pub(crate) const ALL: &[&Def] = &[
     &QUEUE_DEPTH,
     &QUEUE_AGE,
     &SHED_LEVEL,
+    &COHORTS_ADMITTED,
     &CONFIG_GENERATION,
     &CONFIG_REFUSED,
     &FORCED_SHED_LEVEL,
@@ -487,6 +494,7 @@ pub(crate) struct Metrics {
     pub(crate) dead_letters_held: Gauge,
     pub(crate) panics: Counter,
     pub(crate) shed_level: Gauge,
+    pub(crate) cohorts_admitted: Gauge,
     pub(crate) config_generation: Gauge,
     pub(crate) config_refused: Counter,
     pub(crate) forced_shed_level: Gauge,
@@ -555,6 +563,7 @@ impl Metrics {
             dead_letters_held: gauge!(DEAD_LETTERS_HELD.name),
             panics: counter!(PANICS.name),
             shed_level: gauge!(SHED_LEVEL.name),
+            cohorts_admitted: gauge!(COHORTS_ADMITTED.name),
             config_generation: gauge!(CONFIG_GENERATION.name),
             config_refused: counter!(CONFIG_REFUSED.name),
             forced_shed_level: gauge!(FORCED_SHED_LEVEL.name),

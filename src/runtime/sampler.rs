@@ -35,6 +35,10 @@ impl<T: Send + Sync + 'static> Inner<T> {
             self.flush_reject_costs();
             self.accounts.publish_counts();
             self.sweep_patience();
+            let period = crate::admission::rotation_period();
+            if self.accounts.cohort_period.load(Ordering::Relaxed) != period {
+                self.accounts.cohort_period.store(period, Ordering::Relaxed);
+            }
             let lag = self.signals.lag();
             let sample = PullSample {
                 at: self.clock.now().saturating_duration_since(self.origin),
@@ -73,7 +77,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 wait = ?pull.predicted_wait(),
                 "pull-based admission tick"
             );
-            let was = self.signals.shed_level.swap(level, Ordering::Relaxed);
+            let was = self.signals.set_shed(level, pull.admitted_cohorts());
             if level == 0 {
                 self.signals
                     .shedding_since_ns
@@ -92,6 +96,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 m.tiers[tier].age.set(ages[tier].as_secs_f64());
             }
             m.shed_level.set(f64::from(level));
+            m.cohorts_admitted.set(f64::from(pull.admitted_cohorts()));
             m.arrival_rate.set(pull.arrival_rate());
             m.capacity.set(pull.capacity().unwrap_or(0.0));
             m.lag.set(lag.map_or(-1.0, |l| l as f64));

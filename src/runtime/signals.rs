@@ -2,16 +2,18 @@
 //! tick, and what the sampler concludes from them for the gate and the deferral part to read:
 //! the shed level, how long shedding has lasted, how long the backlog takes to clear.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Measured per message, concluded per tick.
 #[derive(Default)]
 pub(crate) struct Signals {
-    /// Pull-based admission's shed level: pulled messages of tiers with `rank() < level` are
-    /// refused. Written by the sampler.
-    pub(crate) shed_level: AtomicU8,
+    /// Pull-based admission's shed level (high byte: pulled messages of tiers with
+    /// `rank() < level` are refused) and the cohorts of the highest refused tier admitted all
+    /// the same (low byte, `0..=COHORTS`), in one word so the gate reads a consistent pair.
+    /// Written by the sampler.
+    shed: AtomicU16,
     /// When pull admission's level last rose from 0 (ns since the runtime's origin;
     /// `u64::MAX` while it is 0): how long the current shedding episode has lasted. Written by
     /// the sampler.
@@ -53,7 +55,21 @@ impl Signals {
     /// Pull-based admission's shed level (0: nothing shed).
     #[inline]
     pub(crate) fn shed_level(&self) -> u8 {
-        self.shed_level.load(Ordering::Relaxed)
+        self.shed().0
+    }
+
+    /// Pull-based admission's shed level and the cohorts of the highest refused tier it
+    /// admits (see `admission::cohort`).
+    #[inline]
+    pub(crate) fn shed(&self) -> (u8, u8) {
+        let v = self.shed.load(Ordering::Relaxed);
+        ((v >> 8) as u8, v as u8)
+    }
+
+    /// Stores a new shed level and admitted cohorts; returns the previous level.
+    pub(crate) fn set_shed(&self, level: u8, cohorts: u8) -> u8 {
+        let v = (u16::from(level) << 8) | u16::from(cohorts);
+        (self.shed.swap(v, Ordering::Relaxed) >> 8) as u8
     }
 
     /// Messages held by backpressure now.

@@ -162,9 +162,13 @@ pub(crate) async fn run<S: Source>(
         // Read each turn: a live reconfiguration may change it.
         let poll = inner.poll_interval();
         lag.store(source.lag().unwrap_or(u64::MAX), Ordering::Relaxed);
-        let level = inner.signals.shed_level().max(inner.live.forced_level());
+        let (shed_level, cohorts) = inner.signals.shed();
+        let forced = inner.live.forced_level();
+        let level = shed_level.max(forced);
         if mode == Mode::Normal {
-            let shed = TierMask::below(level);
+            // A tier admitted in part (some of its cohorts) is read on: only whole tiers pause.
+            let whole = shed_level.saturating_sub(u8::from(cohorts > 0));
+            let shed = TierMask::below(whole.max(forced));
             if shed != paused_tiers {
                 source.pause_tiers(shed);
                 paused_tiers = shed;
