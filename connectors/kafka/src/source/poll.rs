@@ -39,6 +39,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Message};
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
+use triage::admission;
 use triage::quanta::Clock;
 use triage::runtime::{Ack, AckSink, Envelope};
 
@@ -343,6 +344,11 @@ impl PollLoop {
         }
         tally.consumed += 1;
         let ordering_key = self.ordering.key_of((topic, partition), key.as_deref());
+        // The record key stands for the user: when its tier is admitted in part, the records
+        // of the same keys are served (see `triage::admission::cohort`).
+        let cohort = key
+            .as_deref()
+            .map(|k| admission::cohort(admission::user_hash(k), admission::rotation_period()));
         let message = KafkaMessage {
             topic: shared_topic,
             partition,
@@ -358,7 +364,7 @@ impl PollLoop {
                 .get_or_insert_with(|| Anchor::read(&self.clock))
                 .deadline(ms)
         });
-        let envelope = Envelope::new(
+        let mut envelope = Envelope::new(
             message,
             classified.criticality,
             Ack::new(Arc::clone(&self.acks), token),
@@ -368,6 +374,7 @@ impl PollLoop {
         .with_deadline_opt(deadline)
         .with_size_bytes(size)
         .with_ordering_key_opt(ordering_key);
+        envelope.cohort = cohort;
         Some((generation, envelope))
     }
 
