@@ -60,7 +60,9 @@ pub struct RetryConfig {
     /// Default `3`.
     pub max_retries: u32,
     /// Backoff before retry `n` is drawn uniformly from `0..min(max_backoff, base × 2^n)`, in
-    /// milliseconds. Allowed `1..=3_600_000`. Default `100`.
+    /// milliseconds, and cut to half the time the message has left before its deadline after
+    /// a mean handler run (a retry after the deadline could only expire). Allowed
+    /// `1..=3_600_000`. Default `100`.
     pub base_backoff_ms: u64,
     /// Cap on the backoff, in milliseconds. Allowed `base_backoff_ms..=3_600_000`. Default
     /// `10_000`.

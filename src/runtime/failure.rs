@@ -34,7 +34,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             self.accounts.metrics.tiers[item.tier()]
                 .retries
                 .increment(1);
-            let backoff = self.config().retry.backoff(item.attempt);
+            let backoff = self.retry_backoff(&item);
             let this = Arc::clone(self);
             self.spawn(async move {
                 tokio::select! {
@@ -50,6 +50,26 @@ impl<T: Send + Sync + 'static> Inner<T> {
             return;
         }
         self.dead_letter(item, reason, error).await;
+    }
+
+    /// The wait before retrying `item`: the configured backoff (exponential, full jitter), but
+    /// never more than half of what is left of its deadline after a mean handler run. A retry
+    /// that starts after the deadline could only expire, and one that starts at it has no
+    /// time to be queued and served, so a backoff set for a downstream's sake would otherwise
+    /// throw away every retry of a message with a short deadline (a Sheddable message due in
+    /// 100 ms, retried after up to 200 ms). The breaker, not the backoff, is what spares a
+    /// downstream that fails for load.
+    fn retry_backoff(&self, item: &Item<T>) -> std::time::Duration {
+        let backoff = self.config().retry.backoff(item.attempt);
+        match item.deadline() {
+            Some(deadline) => {
+                let left = deadline
+                    .saturating_duration_since(self.clock.now())
+                    .saturating_sub(self.signals.mean_service());
+                backoff.min(left / 2)
+            }
+            None => backoff,
+        }
     }
 
     /// Records `Failed` at once without a dead-letter sink; with one, hands the message to a
