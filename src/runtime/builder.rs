@@ -179,7 +179,7 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             decisions_published: Default::default(),
             refusals: Default::default(),
         });
-        let live = live::Live::new(&base);
+        let live = live::Live::new();
         let breakers = Arc::new(crate::admission::Breakers::with_clock(
             base.breaker.clone(),
             self.clock.clone(),

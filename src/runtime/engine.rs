@@ -124,11 +124,18 @@ impl<T: Send + Sync + 'static> Inner<T> {
         Duration::from_millis(self.config().poll_interval_ms)
     }
 
+    /// The level pulled work is shed at: pull-based admission's, or the operator's forced
+    /// level where it is higher.
+    #[inline]
+    pub(crate) fn pulled_level(&self) -> u8 {
+        self.signals.shed_level().max(self.live.forced_level())
+    }
+
     /// The load level handlers see and held messages are re-offered on: the pull-based shed
     /// level, and the queue-age one too once work has been pushed in-process (`try_submit`):
     /// for pulled work alone the queue's age is no overload signal.
     pub(crate) fn load_level(&self) -> u8 {
-        let pulled = self.signals.shed_level().max(self.live.forced_level());
+        let pulled = self.pulled_level();
         if self.signals.pushed_seen.load(Ordering::Relaxed) {
             pulled.max(self.queue.shed_level())
         } else {

@@ -1,6 +1,12 @@
 //! The live levels: what a reconfiguration changes besides the configuration itself, read
 //! lock-free on the hot path (the operator's forced shed and brownout levels), and the
 //! reconfigurations' own count (the generation, the refused).
+//!
+//! Each level lives here and only here. [`RuntimeConfig::forced_shed_level`] and
+//! [`RuntimeConfig::brownout_level`] are what the operator asks for: [`Live::set_levels`]
+//! takes them when a configuration is applied (at start, over the defaults, through the same
+//! path as a live reconfiguration), and everything else (the gate, the intakes, the workers,
+//! the policy step, the gauges) reads the level from here, never from the configuration.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
@@ -28,18 +34,15 @@ pub(crate) struct Live {
 }
 
 impl Live {
-    pub(crate) fn new(config: &RuntimeConfig) -> Self {
+    /// The levels of the defaults (none forced, full service), before any configuration is
+    /// applied: the starting configuration's levels come through [`set_levels`](Self::set_levels).
+    pub(crate) fn new() -> Self {
         Live {
             generation: AtomicU64::new(0),
             refused: AtomicU64::new(0),
-            forced_level: AtomicU8::new(config.forced_shed_level),
-            // A level in the starting configuration has been up since the start (the origin).
-            forced_since_ns: AtomicU64::new(if config.forced_shed_level > 0 {
-                0
-            } else {
-                u64::MAX
-            }),
-            brownout: AtomicU8::new(config.brownout_level),
+            forced_level: AtomicU8::new(0),
+            forced_since_ns: AtomicU64::new(u64::MAX),
+            brownout: AtomicU8::new(0),
             serial: parking_lot::Mutex::new(()),
         }
     }
@@ -71,9 +74,10 @@ impl Live {
             .then(|| std::time::Duration::from_nanos(now_ns.saturating_sub(since)))
     }
 
-    /// Takes the levels of `config` (a reconfiguration's phase 2) at `now_ns` (ns since the
-    /// runtime's origin). A forced level rising from 0 starts its episode; one that stays above
-    /// 0, whatever its value, continues it (the drains stay closed throughout).
+    /// Takes the levels of `config` (phase 2 of applying it, at start or live) at `now_ns` (ns
+    /// since the runtime's origin): the one place they are read from a configuration. A forced
+    /// level rising from 0 starts its episode; one that stays above 0, whatever its value,
+    /// continues it (the drains stay closed throughout).
     pub(crate) fn set_levels(&self, config: &RuntimeConfig, now_ns: u64) {
         let was = self
             .forced_level
@@ -120,7 +124,7 @@ mod tests {
 
     #[test]
     fn a_forced_episode_starts_when_the_level_rises_from_0_and_lasts_while_above() {
-        let live = Live::new(&levels(0, 0));
+        let live = Live::new();
         assert_eq!(live.forced_for(10), None);
         live.set_levels(&levels(1, 2), 100);
         assert_eq!((live.forced_level(), live.brownout()), (1, 2));
@@ -136,8 +140,18 @@ mod tests {
     }
 
     #[test]
+    fn the_levels_start_at_the_defaults_and_come_from_an_applied_configuration() {
+        let live = Live::new();
+        assert_eq!((live.forced_level(), live.brownout()), (0, 0));
+        // Starting with a level: applied at the start, its episode starts then.
+        live.set_levels(&levels(2, 1), 0);
+        assert_eq!((live.forced_level(), live.brownout()), (2, 1));
+        assert_eq!(live.forced_for(40), Some(Duration::from_nanos(40)));
+    }
+
+    #[test]
     fn the_generation_counts_the_applied_and_the_refused_apart() {
-        let live = Live::new(&RuntimeConfig::default());
+        let live = Live::new();
         assert_eq!(live.generation(), 0);
         assert_eq!(live.next_generation(), 1);
         assert_eq!(live.next_generation(), 2);

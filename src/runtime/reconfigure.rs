@@ -230,14 +230,12 @@ impl<T: Send + Sync + 'static> Inner<T> {
             self.limit.set_algorithm(limiter);
         }
         self.live.set_levels(&config, self.recent_ns());
-        let forced = config.forced_shed_level;
-        let brownout = config.brownout_level;
         self.config.store(Arc::new(config));
         let generation = self.live.next_generation();
         let m = &self.accounts.metrics;
         m.config_generation.set(generation as f64);
-        m.forced_shed_level.set(f64::from(forced));
-        m.brownout_level.set(f64::from(brownout));
+        m.forced_shed_level.set(f64::from(self.live.forced_level()));
+        m.brownout_level.set(f64::from(self.live.brownout()));
         let changes: Vec<String> = changes.iter().map(ToString::to_string).collect();
         match applied {
             Applied::Start => tracing::debug!(

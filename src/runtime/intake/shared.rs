@@ -59,7 +59,7 @@ where
         let mut offered = false;
         let mut hand_back = false;
         for _ in 0..PULL_BATCH {
-            let level = inner.signals.shed_level().max(inner.live.forced_level());
+            let level = inner.pulled_level();
             if level != 0 || inner.keys.parked() >= max_parked || !inner.accounts.memory.may_pull()
             {
                 hand_back = true;
