@@ -1,34 +1,49 @@
-//! The admission gate: one question per offered message, answered by [`decide`] with a grant
-//! or one [`Refusal`], and the push into the queue of what it admits. What it refuses goes to
-//! the policy step (`policy.rs`).
+//! The admission gate: one question per offered message, answered by [`decide`] with a grant,
+//! or why not: past its deadline, or one [`Refusal`]. Then the push into the queue of what it
+//! admits. What it refuses goes to the policy step (`policy.rs`); what expired is settled
+//! `Expired` at once (no policy applies to what is useless).
 //!
 //! # The checks, in order
 //!
-//! 1. **Circuit** (`circuit`): a message bound for a downstream whose circuit is open would only
+//! 1. **Expired** (decision `shed-expired`): a message whose deadline passed (on recent time)
+//!    is useless, whatever the load: settled `Expired`, neither refused nor deferred. First,
+//!    so that nothing is spent on it (no token, no memory, no queue slot).
+//! 2. **Circuit** (`circuit`): a message bound for a downstream whose circuit is open would only
 //!    fail; refused whatever the load.
-//! 2. **Forced level** (`forced`): the operator's switch refuses the lowest tiers whatever the
+//! 3. **Forced level** (`forced`): the operator's switch refuses the lowest tiers whatever the
 //!    signals say (seed 002: one switch).
-//! 3. **Shed level** (`overloaded`, pulled messages only): pull-based admission's level refuses
+//! 4. **Shed level** (`overloaded`, pulled messages only): pull-based admission's level refuses
 //!    the lowest tiers while arrival is beyond capacity, but only while the workers have the
 //!    prefetch queued: refusal makes room for more important work, and idle workers next to
 //!    held work make none. Of the highest refused tier, the messages whose cohort is among
 //!    those admitted (the capacity left, see `admission::cohort`) pass.
-//! 4. **Memory** (`memory`): the bytes held against the tier's share of the memory budget.
-//! 5. **Queue full** (`full`, pulled messages whose policy is Backpressure only): a message that
+//! 5. **Memory** (`memory`): the bytes held against the tier's share of the memory budget.
+//! 6. **Queue full** (`full`, pulled messages whose policy is Backpressure only): a message that
 //!    would wait for a full queue with nothing below its tier to evict is refused on the
 //!    queue's published length and backlog, without its lock (taken against every worker's
 //!    pop); held by the intake, it is offered again after the next pop. The hint counts items
 //!    past their deadline that a push would discard; they leave at the next pop too.
-//! 6. **Rate** (`rate`): the tier's token bucket, and its lenders'. Last, so that no token is
+//! 7. **Rate** (`rate`): the tier's token bucket, and its lenders'. Last, so that no token is
 //!    spent on a message refused anyway.
 //!
 //! Then the push, which may still refuse (`full`, `too_large`, or `overloaded` for pushed
 //! work, which queue-age admission decides) and gives the token back if so, or evict lower
 //! tiers (`evicted`), each victim going to its own tier's policy.
 //!
-//! Expiry is no admission decision but a disposition: an item past its deadline is settled
-//! `Expired` where it re-enters (at intake from its headers, leaving the key gate, in the hold
-//! loops, at the queue's push and pop, and at dispatch), never refused here.
+//! # Expiry outside the gate
+//!
+//! Every offer asks check 1: a message released by its key, offered again after a hold, a
+//! retry, pushed work. Expiry is also decided where no offer is made:
+//! - **at intake**, from the headers alone, before the key gate (`receive.rs`:
+//!   `expired_at_intake`, decision `shed-expired`): an expired keyed message never waits for
+//!   its key;
+//! - **while held**, without an offer: the intake's held messages whose deadline passes (or
+//!   would before a handler could finish) and hold tasks (`intake/held.rs`, `policy.rs`), and
+//!   a message handed back to its broker (`hand_back.rs`);
+//! - **after admission**, in the queue: a push that needs room discards what expired, and a pop
+//!   discards an expired item instead of serving it ("discard at dequeue"), and the worker's
+//!   dispatch check settles one that expired between its pop and its handler call
+//!   (`dispatch.rs`).
 //!
 //! The rules are a plain function over [`Checks`], tested alone with a fake; the runtime's
 //! implementation reads its parts (`Against`).
@@ -55,9 +70,26 @@ pub(crate) struct Offered {
     pub(crate) origin: Origin,
 }
 
+/// Why the gate does not admit a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Denied {
+    /// Its deadline passed: settled `Expired`, no policy applies.
+    Expired,
+    /// Refused: to its tier's policy.
+    Refused(Refusal),
+}
+
+impl From<Refusal> for Denied {
+    fn from(r: Refusal) -> Self {
+        Denied::Refused(r)
+    }
+}
+
 /// What the checks read: the signals and parts behind each of them. Each is asked only when
 /// the checks before it admitted the message.
 pub(crate) trait Checks {
+    /// Whether its deadline has passed.
+    fn expired(&self) -> bool;
     /// Whether its downstream's circuit admits it (true without a downstream).
     fn circuit_admits(&mut self) -> bool;
     /// The operator's forced shed level.
@@ -78,27 +110,30 @@ pub(crate) trait Checks {
 }
 
 /// The gate's answer for `offered`: a grant (the token to give back if the push refuses), or
-/// the first [`Refusal`] in the order of the module docs.
+/// the first check in the order of the module docs that does not admit it.
 #[inline]
-pub(crate) fn decide(offered: Offered, checks: &mut impl Checks) -> Result<Grant, Refusal> {
+pub(crate) fn decide(offered: Offered, checks: &mut impl Checks) -> Result<Grant, Denied> {
     let tier = offered.tier;
+    if checks.expired() {
+        return Err(Denied::Expired);
+    }
     if !checks.circuit_admits() {
-        return Err(Refusal::Circuit);
+        return Err(Refusal::Circuit.into());
     }
     if !admits_at(checks.forced_level(), tier) {
-        return Err(Refusal::Forced);
+        return Err(Refusal::Forced.into());
     }
     let pulled = offered.origin != Origin::Pushed;
     if pulled && !checks.shed_admits(tier) && checks.workers_busy() {
-        return Err(Refusal::Overloaded);
+        return Err(Refusal::Overloaded.into());
     }
     if !checks.memory_admits(tier) {
-        return Err(Refusal::Memory);
+        return Err(Refusal::Memory.into());
     }
     if pulled && checks.looks_full_for(tier) && checks.waits_when_refused() {
-        return Err(Refusal::Full);
+        return Err(Refusal::Full.into());
     }
-    checks.take_token(tier).ok_or(Refusal::Rate)
+    checks.take_token(tier).ok_or(Refusal::Rate.into())
 }
 
 /// The runtime's [`Checks`] for one item.
@@ -108,6 +143,13 @@ struct Against<'a, T> {
 }
 
 impl<T: Send + Sync + 'static> Checks for Against<'_, T> {
+    #[inline]
+    fn expired(&self) -> bool {
+        self.item
+            .deadline()
+            .is_some_and(|d| d <= crate::queue::time::recent(&self.inner.clock))
+    }
+
     #[inline]
     fn circuit_admits(&mut self) -> bool {
         self.item
@@ -201,8 +243,15 @@ impl<T: Send + Sync + 'static> Inner<T> {
         );
         let grant = match verdict {
             Ok(grant) => grant,
-            Err(Refusal::Circuit) => return self.refused_circuit(item, started, freed),
-            Err(reason) => {
+            Err(Denied::Expired) => {
+                self.decide(&item, Decision::ShedExpired);
+                self.expire_into(item, freed);
+                return Offer::Taken;
+            }
+            Err(Denied::Refused(Refusal::Circuit)) => {
+                return self.refused_circuit(item, started, freed)
+            }
+            Err(Denied::Refused(reason)) => {
                 if reason == Refusal::Memory {
                     self.accounts.memory.note_refusal(tier);
                 }
@@ -286,9 +335,11 @@ impl<T: Send + Sync + 'static> Inner<T> {
 mod tests {
     use super::*;
     use Criticality::*;
+    use Denied::Refused;
 
     /// Every check admits, unless told otherwise; counts the tokens taken.
     struct Fake {
+        expired: bool,
         circuit: bool,
         forced: u8,
         shed: u8,
@@ -303,6 +354,7 @@ mod tests {
     impl Default for Fake {
         fn default() -> Self {
             Fake {
+                expired: false,
                 circuit: true,
                 forced: 0,
                 shed: 0,
@@ -317,6 +369,9 @@ mod tests {
     }
 
     impl Checks for Fake {
+        fn expired(&self) -> bool {
+            self.expired
+        }
         fn circuit_admits(&mut self) -> bool {
             self.asked.push("circuit");
             self.circuit
@@ -372,6 +427,30 @@ mod tests {
     }
 
     #[test]
+    fn an_expired_message_is_denied_first_and_nothing_else_is_asked() {
+        // Every check refuses too: expiry answers, before any check that could spend something
+        // on a useless message (a circuit's probe, the memory budget, a token).
+        let mut f = Fake {
+            expired: true,
+            circuit: false,
+            forced: 4,
+            shed: 4,
+            memory: false,
+            full: true,
+            ..Fake::default()
+        };
+        assert_eq!(decide(pulled(Critical), &mut f), Err(Denied::Expired));
+        assert!(f.asked.is_empty(), "{:?}", f.asked);
+        assert_eq!(f.tokens, 1);
+        // Pushed work too.
+        let mut f = Fake {
+            expired: true,
+            ..Fake::default()
+        };
+        assert_eq!(decide(pushed(Sheddable), &mut f), Err(Denied::Expired));
+    }
+
+    #[test]
     fn the_checks_refuse_in_their_order() {
         // Every check refuses: the first one answers, and nothing after it is asked.
         let all = || Fake {
@@ -384,19 +463,28 @@ mod tests {
             ..Fake::default()
         };
         let mut f = all();
-        assert_eq!(decide(pulled(Critical), &mut f), Err(Refusal::Circuit));
+        assert_eq!(
+            decide(pulled(Critical), &mut f),
+            Err(Refused(Refusal::Circuit))
+        );
         assert_eq!(f.asked, ["circuit"]);
         let mut f = Fake {
             circuit: true,
             ..all()
         };
-        assert_eq!(decide(pulled(Critical), &mut f), Err(Refusal::Forced));
+        assert_eq!(
+            decide(pulled(Critical), &mut f),
+            Err(Refused(Refusal::Forced))
+        );
         let mut f = Fake {
             circuit: true,
             forced: 0,
             ..all()
         };
-        assert_eq!(decide(pulled(Critical), &mut f), Err(Refusal::Overloaded));
+        assert_eq!(
+            decide(pulled(Critical), &mut f),
+            Err(Refused(Refusal::Overloaded))
+        );
         assert_eq!(f.asked, ["circuit"]);
         let mut f = Fake {
             circuit: true,
@@ -404,7 +492,10 @@ mod tests {
             shed: 0,
             ..all()
         };
-        assert_eq!(decide(pulled(Critical), &mut f), Err(Refusal::Memory));
+        assert_eq!(
+            decide(pulled(Critical), &mut f),
+            Err(Refused(Refusal::Memory))
+        );
         let mut f = Fake {
             circuit: true,
             forced: 0,
@@ -412,7 +503,10 @@ mod tests {
             memory: true,
             ..all()
         };
-        assert_eq!(decide(pulled(Critical), &mut f), Err(Refusal::Full));
+        assert_eq!(
+            decide(pulled(Critical), &mut f),
+            Err(Refused(Refusal::Full))
+        );
         assert_eq!(
             f.asked,
             ["circuit", "memory"],
@@ -426,7 +520,10 @@ mod tests {
             full: false,
             ..all()
         };
-        assert_eq!(decide(pulled(Critical), &mut f), Err(Refusal::Rate));
+        assert_eq!(
+            decide(pulled(Critical), &mut f),
+            Err(Refused(Refusal::Rate))
+        );
     }
 
     #[test]
@@ -441,7 +538,7 @@ mod tests {
                 let refused = tier.rank() < level as usize;
                 assert_eq!(
                     decide(pulled(tier), &mut f).err(),
-                    refused.then_some(Refusal::Forced),
+                    refused.then_some(Refused(Refusal::Forced)),
                     "forced {level} {tier:?}"
                 );
                 let mut f = Fake {
@@ -450,7 +547,7 @@ mod tests {
                 };
                 assert_eq!(
                     decide(pulled(tier), &mut f).err(),
-                    refused.then_some(Refusal::Overloaded),
+                    refused.then_some(Refused(Refusal::Overloaded)),
                     "shed {level} {tier:?}"
                 );
             }
@@ -480,7 +577,10 @@ mod tests {
             forced: 4,
             ..Fake::default()
         };
-        assert_eq!(decide(pushed(Critical), &mut f), Err(Refusal::Forced));
+        assert_eq!(
+            decide(pushed(Critical), &mut f),
+            Err(Refused(Refusal::Forced))
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Settling: the one place a message's disposition is recorded (observer, ledger, ack), and
 //! what recording it frees: its ordering key, whose next message is due through the key gate.
-//! Also the two ways a message is found useless before it is served: expired while held or
-//! waiting, and expired at intake from its headers alone.
+//! Also the settling of a message found useless before it is served: expired at the gate,
+//! while held or waiting, and at intake from its headers alone (where each is decided: the
+//! gate's module docs).
 //!
 //! # Settling returns, the loop releases
 //!
@@ -72,8 +73,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
     }
 
-    /// The next message of `key`, if one is parked: expired if its deadline passed while it
-    /// waited, offered otherwise. What settling it frees goes to `freed`.
+    /// The next message of `key`, if one is parked, offered: the gate expires it if its
+    /// deadline passed while it waited. What settling it frees goes to `freed`.
     fn release_one(self: &Arc<Self>, key: u64, freed: &mut Freed) {
         let Some((item, parked_at)) = self.keys.release_next_waited(key) else {
             return;
@@ -83,9 +84,6 @@ impl<T: Send + Sync + 'static> Inner<T> {
             .metrics
             .ordering_wait
             .record(now.saturating_duration_since(parked_at).as_secs_f64());
-        if item.deadline().is_some_and(|d| d <= now) {
-            return self.expire_into(item, freed);
-        }
         match self.offer_into(item, false, freed) {
             Offer::Taken => {}
             Offer::Hold(held) | Offer::Evicted(held) | Offer::CircuitHold(held) => {
