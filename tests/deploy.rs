@@ -59,7 +59,7 @@ fn promtool(dir: &Path, args: &[&str]) -> (i32, String) {
 /// Metric names from the tables in the modules that name them (`//! | `name` | ...`).
 fn emitted_metrics() -> BTreeSet<String> {
     [
-        include_str!("../src/runtime/metrics.rs"),
+        include_str!("../src/runtime/metrics/mod.rs"),
         include_str!("../connectors/kafka/src/metrics.rs"),
         include_str!("../connectors/amqp/src/metrics.rs"),
     ]
