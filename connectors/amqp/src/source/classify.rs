@@ -11,7 +11,7 @@ use lapin::BasicProperties;
 use triage::quanta::Instant;
 use triage::{wire, Criticality};
 
-use super::config::{ClassifyConfig, DeadlineConfig};
+use super::classify_config::{ClassifyConfig, DeadlineConfig};
 use crate::metrics::Unclassified;
 
 /// What the classifier read from one delivery.

@@ -10,7 +10,7 @@ use triage::quanta::Instant;
 use triage::Criticality;
 
 use super::classify::{deadline_at, Classifier};
-use super::config::{ClassifyConfig, DeadlineConfig};
+use super::classify_config::{ClassifyConfig, DeadlineConfig};
 use crate::metrics::Unclassified;
 
 /// What the source decided about one delivery.

@@ -28,8 +28,9 @@ use lapin::{Channel, Connection};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::config::{AmqpSourceConfig, DeadLetter};
+use super::config::AmqpSourceConfig;
 use super::inbox::Inbox;
+use super::queue_config::DeadLetter;
 use super::settle::Settler;
 use crate::connection;
 use crate::metrics::SourceMetrics;

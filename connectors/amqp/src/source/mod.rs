@@ -39,12 +39,15 @@
 //! reading the queues of the tiers being shed.
 
 mod classify;
+mod classify_config;
+mod coalesce;
 mod config;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 mod inbox;
 mod link;
+mod queue_config;
 mod settle;
 
 use std::future::Future;
@@ -59,10 +62,9 @@ use triage::queue::TierMask;
 use triage::runtime::{Ack, AckSink, Envelope, Source};
 use triage::Criticality;
 
-pub use config::{
-    AmqpSourceConfig, ClassifyConfig, DeadlineConfig, PriorityMapping, QueueDeclareConfig,
-    TierQueue,
-};
+pub use classify_config::{ClassifyConfig, DeadlineConfig, PriorityMapping};
+pub use config::AmqpSourceConfig;
+pub use queue_config::{QueueDeclareConfig, TierQueue};
 
 use self::classify::Classifier;
 use self::inbox::{Inbox, Received};
