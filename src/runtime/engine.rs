@@ -9,9 +9,12 @@
 //! on a timer -> sampler (sampler.rs) over the signals (signals.rs)
 //! ```
 //!
-//! Pacing (`pacing.rs`), the live levels (`live.rs`), the lifecycle (`lifecycle.rs`), recalls of
-//! what a source's broker took back (`recall.rs`) and the configuration in force (swapped whole
-//! by `reconfigure.rs`) are parts too.
+//! Pacing (`pacing.rs`), the live levels (`live.rs`), the lifecycle (`lifecycle.rs`), the
+//! broker's patience (`patience.rs`), the recall generation and what each worker runs
+//! (`recalls.rs`) and the configuration in force (swapped whole by `reconfigure.rs`) are parts
+//! too. Each part knows nothing of `Inner`: the steps that need the whole runtime live above
+//! it, in files that import this one (`gate.rs`, `policy.rs`, `settle.rs`, `dispatch.rs`,
+//! `hand_back.rs`, `recall.rs`, ...).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
