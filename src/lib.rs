@@ -62,6 +62,7 @@ pub mod observe;
 pub mod ordering;
 pub mod queue;
 pub mod runtime;
+mod sync;
 mod tier;
 pub mod wire;
 

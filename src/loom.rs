@@ -12,7 +12,7 @@
 //! ```
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{
+pub(crate) use crate::sync::{
     fence, AtomicBool, AtomicU16, AtomicU64, AtomicU8, AtomicUsize, Ordering,
 };
 

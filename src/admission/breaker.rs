@@ -1,7 +1,7 @@
 //! One downstream's circuit breaker: closed, open, half-open.
 
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 use std::fmt;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 

@@ -1,8 +1,8 @@
 //! The registry of circuit breakers, one per downstream key.
 
+use crate::sync::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;

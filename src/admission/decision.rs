@@ -1,6 +1,6 @@
 //! The admission decision breakdown: one decision per consumed message.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{Count, Ordering, PerThread};
 
 use crate::{Criticality, PerTier};
 
@@ -113,21 +113,21 @@ impl DecisionCounts {
 /// reads. The metric `triage_admission_decisions_total` is recorded beside it by the runtime.
 #[derive(Debug, Default)]
 pub struct Decisions {
-    counts: [[AtomicU64; 6]; 4],
+    /// One copy per thread, summed by [`snapshot`](Self::snapshot) (see `crate::sync`).
+    counts: PerThread<[[Count; 6]; 4]>,
 }
 
 impl Decisions {
     /// Counts one `decision` about a message of `tier`.
     #[inline]
     pub fn record(&self, tier: Criticality, decision: Decision) {
-        self.counts[tier.rank()][decision.index()].fetch_add(1, Ordering::Relaxed);
+        self.counts.local()[tier.rank()][decision.index()].add(1, Ordering::Relaxed);
     }
 
     /// The counts now, per tier.
     pub fn snapshot(&self) -> PerTier<DecisionCounts> {
         PerTier::from_fn(|t| {
-            let c = &self.counts[t.rank()];
-            let get = |d: Decision| c[d.index()].load(Ordering::Relaxed);
+            let get = |d: Decision| self.counts.sum(|c| &c[t.rank()][d.index()]);
             DecisionCounts {
                 admitted: get(Decision::Admitted),
                 shed_capacity: get(Decision::ShedCapacity),

@@ -1,11 +1,11 @@
 //! Thread-safe per-tier disposition counters.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
 use super::Disposition;
+use crate::sync::{Count, Ordering, PerThread};
 use crate::Criticality;
 
 const TIERS: usize = Criticality::ALL.len();
@@ -38,10 +38,18 @@ const TIERS: usize = Criticality::ALL.len();
 /// ```
 #[derive(Debug, Default)]
 pub struct Ledger {
-    consumed: [AtomicU64; TIERS],
-    settled: [[AtomicU64; Disposition::COUNT]; TIERS],
-    goodput: [AtomicU64; TIERS],
-    released: [AtomicU64; TIERS],
+    /// One copy per thread, summed by [`snapshot`](Self::snapshot): a message's records
+    /// write its thread's cache lines, not lines every worker writes (see `crate::sync`).
+    counts: PerThread<Counts>,
+}
+
+/// The counters of one thread's copy.
+#[derive(Default)]
+struct Counts {
+    consumed: [Count; TIERS],
+    settled: [[Count; Disposition::COUNT]; TIERS],
+    goodput: [Count; TIERS],
+    released: [Count; TIERS],
 }
 
 impl Ledger {
@@ -53,31 +61,31 @@ impl Ledger {
     /// Counts one message of `tier` taken from a source.
     pub fn record_consumed(&self, tier: Criticality) {
         // Release pairs with the Acquire loads in `snapshot`.
-        self.consumed[tier.rank()].fetch_add(1, Ordering::Release);
+        self.counts.local().consumed[tier.rank()].add(1, Ordering::Release);
     }
 
     /// Counts one message of `tier` that reached `disposition`. Call it once
     /// per message (the [`AckTracker`](super::AckTracker) refuses a second
     /// disposition for an offset).
     pub fn record(&self, tier: Criticality, disposition: Disposition) {
-        self.settled[tier.rank()][disposition.index()].fetch_add(1, Ordering::Release);
+        self.counts.local().settled[tier.rank()][disposition.index()].add(1, Ordering::Release);
     }
 
     /// Counts `n` messages of `tier` that reached `disposition`, at once: for a worker that
     /// settles a batch and records it once (see `runtime::worker`).
     pub(crate) fn record_n(&self, tier: Criticality, disposition: Disposition, n: u64) {
-        self.settled[tier.rank()][disposition.index()].fetch_add(n, Ordering::Release);
+        self.counts.local().settled[tier.rank()][disposition.index()].add(n, Ordering::Release);
     }
 
     /// [`record_goodput`](Self::record_goodput) for `n` messages at once.
     pub(crate) fn record_goodput_n(&self, tier: Criticality, n: u64) {
-        self.goodput[tier.rank()].fetch_add(n, Ordering::Release);
+        self.counts.local().goodput[tier.rank()].add(n, Ordering::Release);
     }
 
     /// Counts one `Completed` message of `tier` that finished inside its deadline (or had
     /// none): goodput. Recorded in addition to [`record`](Self::record), not instead of it.
     pub fn record_goodput(&self, tier: Criticality) {
-        self.goodput[tier.rank()].fetch_add(1, Ordering::Release);
+        self.counts.local().goodput[tier.rank()].add(1, Ordering::Release);
     }
 
     /// Counts one message of `tier` handed back to its source without a disposition (shutdown,
@@ -86,7 +94,7 @@ impl Ledger {
     /// acknowledged, so the broker redelivers it. Not a disposition: the message will get one
     /// on its redelivery, which is counted as consumed again.
     pub fn record_released(&self, tier: Criticality) {
-        self.released[tier.rank()].fetch_add(1, Ordering::Release);
+        self.counts.local().released[tier.rank()].add(1, Ordering::Release);
     }
 
     /// Reads every counter.
@@ -95,18 +103,28 @@ impl Ledger {
     /// the consumed counts, so for messages counted as consumed before their
     /// disposition no tier ever shows more dispositions than consumed.
     pub fn snapshot(&self) -> LedgerSnapshot {
+        // Every copy's dispositions before any copy's consumption: a disposition recorded
+        // (release) after its message's consumption (on whichever thread), read here
+        // (acquire), makes that consumption visible to the reads that follow.
         let mut tiers = [TierCounts::default(); TIERS];
-        for (counts, settled) in tiers.iter_mut().zip(&self.settled) {
-            for d in Disposition::ALL {
-                counts.set(d, settled[d.index()].load(Ordering::Acquire));
+        let load = |c: &Count| c.load(Ordering::Acquire);
+        for copy in self.counts.iter() {
+            for (counts, settled) in tiers.iter_mut().zip(&copy.settled) {
+                for d in Disposition::ALL {
+                    counts.set(d, counts.count(d).wrapping_add(load(&settled[d.index()])));
+                }
             }
         }
-        for (rank, counts) in tiers.iter_mut().enumerate() {
-            counts.goodput = self.goodput[rank].load(Ordering::Acquire);
-            counts.released = self.released[rank].load(Ordering::Acquire);
+        for copy in self.counts.iter() {
+            for (rank, counts) in tiers.iter_mut().enumerate() {
+                counts.goodput = counts.goodput.wrapping_add(load(&copy.goodput[rank]));
+                counts.released = counts.released.wrapping_add(load(&copy.released[rank]));
+            }
         }
-        for (counts, consumed) in tiers.iter_mut().zip(&self.consumed) {
-            counts.consumed = consumed.load(Ordering::Acquire);
+        for copy in self.counts.iter() {
+            for (counts, consumed) in tiers.iter_mut().zip(&copy.consumed) {
+                counts.consumed = counts.consumed.wrapping_add(load(consumed));
+            }
         }
         LedgerSnapshot { tiers }
     }

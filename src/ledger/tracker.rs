@@ -1,10 +1,10 @@
 //! Per-partition contiguous watermarks over settled offsets.
 
+use crate::sync::{AtomicU64, Ordering};
 use std::collections::hash_map::{Entry, HashMap};
 use std::collections::VecDeque;
 use std::fmt;
 use std::hash::Hash;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 

@@ -173,13 +173,13 @@ struct Inner {
     limit: AtomicUsize,
     /// Whether the algorithm is [`Fixed`], which learns nothing from a sample: then a
     /// completion takes no lock (written with `algorithm`, under its lock).
-    fixed: std::sync::atomic::AtomicBool,
+    fixed: crate::sync::AtomicBool,
     in_flight: AtomicUsize,
     /// Each tier's share in fixed point (`TierShares::fixed`), indexed by rank: atomics, so
     /// that [`ConcurrencyLimit::set_shares`] applies live while admission reads without a lock.
     /// A reader may see old and new shares of different tiers for an instant; each value is
     /// valid, and the next read sees the new set.
-    shares_fixed: [std::sync::atomic::AtomicU64; 4],
+    shares_fixed: [crate::sync::AtomicU64; 4],
     /// The shares as configured, for [`ConcurrencyLimit::shares`].
     shares: Mutex<TierShares>,
 }
@@ -203,11 +203,11 @@ impl ConcurrencyLimit {
             inner: Arc::new(Inner {
                 released: Default::default(),
                 waiting: Default::default(),
-                fixed: std::sync::atomic::AtomicBool::new(matches!(algorithm, Limiter::Fixed(_))),
+                fixed: crate::sync::AtomicBool::new(matches!(algorithm, Limiter::Fixed(_))),
                 algorithm: Mutex::new(algorithm),
                 limit: AtomicUsize::new(limit),
                 in_flight: AtomicUsize::new(0),
-                shares_fixed: shares.fixed().map(std::sync::atomic::AtomicU64::new),
+                shares_fixed: shares.fixed().map(crate::sync::AtomicU64::new),
                 shares: Mutex::new(shares),
             }),
         }
@@ -316,7 +316,7 @@ impl ConcurrencyLimit {
     pub fn set_shares(&self, shares: TierShares) {
         let mut current = self.inner.shares.lock();
         for (slot, fixed) in self.inner.shares_fixed.iter().zip(shares.fixed()) {
-            slot.store(fixed, std::sync::atomic::Ordering::Relaxed);
+            slot.store(fixed, crate::sync::Ordering::Relaxed);
         }
         *current = shares;
         drop(current);
@@ -333,7 +333,7 @@ impl ConcurrencyLimit {
         self.inner.limit.store(algorithm.limit(), Ordering::Relaxed);
         self.inner.fixed.store(
             matches!(algorithm, Limiter::Fixed(_)),
-            std::sync::atomic::Ordering::Relaxed,
+            crate::sync::Ordering::Relaxed,
         );
         *current = algorithm;
         drop(current);
@@ -448,15 +448,38 @@ impl Permit {
 }
 
 impl PermitRef<'_> {
-    /// [`Permit::record`].
-    pub(crate) fn record(self, latency: Duration, dropped: bool) -> usize {
-        self.0.record(latency, dropped)
+    /// Reports the job's handler `latency` as [`Permit::record`] does, and keeps the slot for
+    /// the worker's next job ([`pass_to`](Self::pass_to)); dropping it releases it.
+    pub(crate) fn sample(&self, latency: Duration, dropped: bool) -> usize {
+        self.0.sample(latency, dropped)
+    }
+
+    /// The same slot for the worker's next job, of `tier`, without releasing it and taking it
+    /// again (two writes to the in-flight count every worker writes): only if a `tier` job
+    /// could take a slot were this one released, so no share is overrun. `Err` gives the slot
+    /// back, to release.
+    pub(crate) fn pass_to(mut self, tier: Criticality) -> Result<Self, Self> {
+        let inner = self.0.inner;
+        let in_flight = inner.in_flight.load(Ordering::Relaxed);
+        // This slot counted in `in_flight`: released, `in_flight - 1` would run.
+        if in_flight.saturating_sub(1) < inner.allowed(inner.limit.load(Ordering::Relaxed), tier) {
+            self.0.tier = tier;
+            self.0.in_flight_at_start = in_flight;
+            Ok(self)
+        } else {
+            Err(self)
+        }
     }
 }
 
 impl<P: std::ops::Deref<Target = Inner>> Taken<P> {
     fn record(self, latency: Duration, dropped: bool) -> usize {
-        if self.inner.fixed.load(std::sync::atomic::Ordering::Relaxed) {
+        self.sample(latency, dropped)
+        // `self` drops here, after the sample, and releases the slot.
+    }
+
+    fn sample(&self, latency: Duration, dropped: bool) -> usize {
+        if self.inner.fixed.load(crate::sync::Ordering::Relaxed) {
             // A fixed limit ignores samples: no lock per completion.
             return self.inner.limit.load(Ordering::Relaxed);
         }
@@ -471,7 +494,6 @@ impl<P: std::ops::Deref<Target = Inner>> Taken<P> {
         // in the order the algorithm produced them.
         self.inner.limit.store(limit, Ordering::Relaxed);
         limit
-        // `self` drops here, after the lock guard, and releases the slot.
     }
 }
 
@@ -509,7 +531,7 @@ impl Inner {
     }
 
     fn allowed(&self, limit: usize, tier: Criticality) -> usize {
-        let fixed = self.shares_fixed[tier.rank()].load(std::sync::atomic::Ordering::Relaxed);
+        let fixed = self.shares_fixed[tier.rank()].load(crate::sync::Ordering::Relaxed);
         shares::allowed_fixed(limit, fixed)
     }
 

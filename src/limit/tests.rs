@@ -1,8 +1,8 @@
 //! Unit tests of `limit`, beside it so that its file holds the code.
 
 use super::*;
+use crate::sync::AtomicBool;
 use proptest::prelude::*;
-use std::sync::atomic::AtomicBool;
 
 #[test]
 fn stress_in_flight_never_exceeds_allowed() {

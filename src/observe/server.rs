@@ -1,8 +1,8 @@
 //! The endpoint's thread.
 
+use crate::sync::{AtomicBool, Ordering};
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;

@@ -1,8 +1,8 @@
 //! [`KeyGate`]: at most one message per key past the gate, the rest parked in arrival order.
 
+use crate::sync::{AtomicUsize, Ordering};
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;

@@ -37,14 +37,39 @@ struct State<T> {
 /// The queue's state published after each change, read without the lock.
 #[repr(C)]
 struct Published {
-    /// Items held.
-    len: AtomicUsize,
+    /// Items held (the low [`LEN_BITS`] bits), and the non-empty tiers, a bit per rank (the
+    /// bits above): with the length, whether a push of a tier would find nothing below it to
+    /// evict. One word, so that a push or pop publishes both in one store.
+    len_backlog: AtomicU64,
     /// Items taken out by pops (served or expired): lets a holder of refused items see cheaply
     /// whether room may have appeared since it last tried.
     pops: AtomicU64,
-    /// The non-empty tiers, a bit per rank: with `len`, whether a push of a tier would find
-    /// nothing below it to evict.
-    backlog: AtomicU8,
+}
+
+/// The bits of [`Published::len_backlog`] that hold the length.
+const LEN_BITS: u32 = 56;
+
+impl Published {
+    /// Items held.
+    #[inline]
+    fn len(&self) -> usize {
+        (self.len_backlog.load(Ordering::Relaxed) & ((1 << LEN_BITS) - 1)) as usize
+    }
+
+    /// Items held, and the non-empty tiers.
+    #[inline]
+    fn len_and_backlog(&self) -> (usize, u8) {
+        let v = self.len_backlog.load(Ordering::Relaxed);
+        ((v & ((1 << LEN_BITS) - 1)) as usize, (v >> LEN_BITS) as u8)
+    }
+
+    #[inline]
+    fn set(&self, len: usize, backlog: u8) {
+        // A length past 2^56 items is past any memory; saturated rather than mixed in.
+        let len = (len as u64).min((1 << LEN_BITS) - 1);
+        self.len_backlog
+            .store(len | (u64::from(backlog) << LEN_BITS), Ordering::Relaxed);
+    }
 }
 
 /// A bounded, weighted-fair, multi-producer multi-consumer queue with one FIFO per criticality
@@ -149,9 +174,8 @@ impl<T> WfqQueue<T> {
             })),
             shed_level: CachePadded::new(AtomicU8::new(0)),
             published: CachePadded::new(Published {
-                len: AtomicUsize::new(0),
+                len_backlog: AtomicU64::new(0),
                 pops: AtomicU64::new(0),
-                backlog: AtomicU8::new(0),
             }),
             capacity_hint: AtomicUsize::new(capacity),
             overloaded: Default::default(),
@@ -358,8 +382,7 @@ impl<T> WfqQueue<T> {
             let mut st = self.state.lock();
             self.shed_level.store(CLOSED_LEVEL, Ordering::Relaxed);
             let items = st.core.close();
-            self.published.len.store(0, Ordering::Relaxed);
-            self.published.backlog.store(0, Ordering::Relaxed);
+            self.published.set(0, 0);
             items
         };
         self.not_empty.notify(usize::MAX);
@@ -375,10 +398,7 @@ impl<T> WfqQueue<T> {
     /// (`len`, `looks_full_for`).
     #[inline]
     fn publish(&self, st: &State<T>) {
-        self.published.len.store(st.core.len(), Ordering::Relaxed);
-        self.published
-            .backlog
-            .store(st.core.backlogged(), Ordering::Relaxed);
+        self.published.set(st.core.len(), st.core.backlogged());
     }
 
     /// After a push or pop changed the queue at `now`: publishes the length and re-evaluates

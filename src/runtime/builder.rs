@@ -1,8 +1,8 @@
 //! Building a runtime: its builder (sinks, observer, downstream mapping, clock) and `start`,
 //! which builds the parts and spawns the workers and the sampler.
 
+use crate::sync::AtomicU64;
 use std::future::Future;
-use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::Arc;
 
 use quanta::Clock;
@@ -10,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::limit::ConcurrencyLimit;
 use crate::queue::WfqQueue;
+use crate::runtime::accounts::Accounts;
 use crate::runtime::engine::{self, Inner};
-use crate::runtime::item::Accounts;
 use crate::runtime::reconfigure::{check_sinks, Applied};
 use crate::runtime::{
     cost, dead_letter, deferral, lifecycle, live, metrics, pacing, signals, worker, DeadLetterSink,
@@ -168,12 +168,10 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             cohort_period: AtomicU64::new(crate::admission::rotation_period()),
             ledger: crate::ledger::Ledger::new(),
             metrics: metrics::Metrics::register(),
-            alive: AtomicI64::new(0),
+            metric_counts: Default::default(),
+            counts: Default::default(),
             idle: tokio::sync::Notify::new(),
-            sources_done: std::sync::atomic::AtomicBool::new(true),
-            refused: Default::default(),
-            admitted: Default::default(),
-            withdrawn: Default::default(),
+            sources_done: crate::sync::AtomicBool::new(true),
             memory: crate::admission::MemoryBudget::new(&base.memory),
             decisions: Default::default(),
             decisions_published: Default::default(),

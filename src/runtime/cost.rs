@@ -7,7 +7,7 @@
 //! runtime's sampler moves the ring's samples into `triage_reject_cost_seconds` once per
 //! admission tick (and once more at shutdown).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Slots in the ring: at one sample per 64 refusals and a 100 ms tick, 256 slots hold the

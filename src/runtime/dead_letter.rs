@@ -2,7 +2,7 @@
 //! messages held after their dead letter was refused for good, and how often that is logged.
 //! The path itself (retries, publish, reference copy, `Failed`) is in `failure.rs`.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use crate::sync::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! for whether a deferred copy would come back in time. The deferral itself (publish, then
 //! settle `Deferred`) is a step of the policy (`policy.rs`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 

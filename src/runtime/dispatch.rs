@@ -3,7 +3,7 @@
 //! popped item before its handler, putting back what a worker did not start, and the
 //! downstream outcome a handler's call reports to the breakers.
 
-use std::sync::atomic::Ordering;
+use crate::sync::Ordering;
 use std::sync::Arc;
 
 use quanta::Instant;
@@ -41,7 +41,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             .iter()
             .filter(|t| t.rank() > tier.rank())
             .all(|t| {
-                let last = self.signals.last_work_ns[t.rank()].load(Ordering::Relaxed);
+                let last = self.signals.measured.max(|m| &m.last_work_ns[t.rank()]);
                 last == 0 || now.saturating_sub(last) >= reserve
             })
     }
@@ -165,7 +165,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 if !item.standing.refused() {
                     item.standing = item.standing.and_refused();
                     self.accounts.metrics.tiers[tier].withdrawn.increment(1);
-                    self.accounts.withdrawn[tier.rank()].fetch_add(1, Ordering::Relaxed);
+                    self.accounts.counts.local().withdrawn[tier.rank()].add(1, Ordering::Relaxed);
                 }
                 let mut freed = Freed::default();
                 match self.refused_circuit(item, None, &mut freed) {

@@ -16,7 +16,7 @@
 //! it, in files that import this one (`gate.rs`, `policy.rs`, `settle.rs`, `dispatch.rs`,
 //! `hand_back.rs`, `recall.rs`, ...).
 
-use std::sync::atomic::Ordering;
+use crate::sync::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,9 +27,10 @@ use crate::ledger::Disposition;
 use crate::limit::ConcurrencyLimit;
 use crate::ordering::KeyGate;
 use crate::queue::WfqQueue;
+use crate::runtime::accounts::Accounts;
 use crate::runtime::dead_letter::DeadLetters;
 use crate::runtime::deferral::Deferrals;
-use crate::runtime::item::{Accounts, Item};
+use crate::runtime::item::Item;
 use crate::runtime::lifecycle::Lifecycle;
 use crate::runtime::live::Live;
 use crate::runtime::pacing::Pacing;

@@ -48,13 +48,14 @@
 //! The rules are a plain function over [`Checks`], tested alone with a fake; the runtime's
 //! implementation reads its parts (`Against`).
 
-use std::sync::atomic::Ordering;
+use crate::sync::Ordering;
 use std::sync::Arc;
 
 use crate::admission::{admits_at, admits_cohort, Decision, Grant};
 use crate::queue::{Meta, Removed};
 use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::item::{Item, Origin};
+use crate::runtime::metric_counts::Counted;
 use crate::runtime::refusal::Refusal;
 use crate::runtime::settle::Freed;
 use crate::runtime::RefusalPolicy;
@@ -277,13 +278,13 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 // Recent time moves once per millisecond: stored only when it moved, so most
                 // pushes only read a line that every thread's pushes would otherwise write.
                 let now = self.recent_ns().max(1);
-                let last_work = &self.signals.last_work_ns[tier.rank()];
+                let last_work = &self.signals.measured.local().last_work_ns[tier.rank()];
                 if last_work.load(Ordering::Relaxed) != now {
-                    last_work.store(now, Ordering::Relaxed);
+                    last_work.set(now);
                 }
                 if !before.admitted() {
-                    self.accounts.metrics.tiers[tier].admitted.increment(1);
-                    self.accounts.admitted[tier.rank()].fetch_add(1, Ordering::Relaxed);
+                    self.accounts.metric_counts.add(Counted::Admitted, tier, 1);
+                    self.accounts.counts.local().admitted[tier.rank()].add(1, Ordering::Relaxed);
                 }
                 if !before.decided() {
                     self.record_decision(original, Decision::Admitted);

@@ -2,121 +2,20 @@
 //! disposition" structural.
 
 use std::num::NonZeroU64;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use quanta::Instant;
 
-use crate::admission::{CircuitBreaker, Decision, Decisions, MemoryBudget};
-use crate::ledger::{Disposition, Ledger};
+use crate::admission::CircuitBreaker;
+use crate::ledger::Disposition;
+use crate::runtime::accounts::Accounts;
 use crate::runtime::ack::SinkId;
-use crate::runtime::metrics::Metrics;
+use crate::runtime::metric_counts::Counted;
 use crate::runtime::refusal::Refusal;
 use crate::runtime::{Ack, Envelope};
+use crate::sync::Ordering;
 use crate::Criticality;
-
-/// Counters shared by everything that creates or settles items.
-pub(crate) struct Accounts {
-    /// The runtime's origin on its clock (`Inner::origin`): an item's hand-back instant is
-    /// kept as an offset from it, in 8 bytes rather than an `Option<Instant>`'s 16.
-    pub(crate) clock_origin: Instant,
-    /// The cohorts' rotation period now (`admission::rotation_period`), kept up to date by
-    /// the sampler so that no message reads the wall clock.
-    pub(crate) cohort_period: AtomicU64,
-    pub(crate) ledger: Ledger,
-    pub(crate) metrics: Metrics,
-    /// Items alive: consumed and neither settled nor released (queued, held, deferring, in a
-    /// handler, waiting to retry). Counted by construction and destruction of [`Item`], not
-    /// by the ledger, so comparing the two is a real check.
-    pub(crate) alive: AtomicI64,
-    /// Notified when `alive` falls to 0 with no source pulling (see
-    /// [`leave`](Accounts::leave)), for `wait_idle`.
-    pub(crate) idle: tokio::sync::Notify,
-    /// No source is pulling (`Inner::pulling` is 0): only then is `alive` falling to 0 worth
-    /// telling `wait_idle` (while sources pull it does so after every batch).
-    pub(crate) sources_done: std::sync::atomic::AtomicBool,
-    /// Messages refused at admission at least once, per tier (rank) they were offered at.
-    pub(crate) refused: [AtomicU64; 4],
-    /// Messages admitted into the queue at least once, per tier (rank) they were queued at.
-    pub(crate) admitted: [AtomicU64; 4],
-    /// Admitted messages taken back at dequeue by their circuit, per tier (rank).
-    pub(crate) withdrawn: [AtomicU64; 4],
-    /// The payload bytes of the items alive, against the memory budget: added when an item is
-    /// built, removed when it is settled or released.
-    pub(crate) memory: MemoryBudget,
-    /// Each item's first admission decision, per original tier.
-    pub(crate) decisions: Decisions,
-    /// The decision counts already added to `triage_admission_decisions_total`.
-    pub(crate) decisions_published: [[AtomicU64; 6]; 4],
-    /// Refusals per tier and reason, for `triage_refused_total`.
-    pub(crate) refusals: RefusalCounts,
-}
-
-/// Refusals per tier (rank) and [`Refusal`], counted on the refuse path and added to
-/// `triage_refused_total` by the runtime's sampler (every admission tick, and at shutdown).
-///
-/// Why not the metric's handle directly: a refusal that is rare among many admissions (a held
-/// Critical message offered again under overload, one per pop) would find the handle, the
-/// exporter's counter behind it and the decision count each out of cache, and pay a memory
-/// access for each: several times the cost of the decision itself. Here a tier's reasons share
-/// one cache line (the struct is aligned to it), so a refusal touches that line and its
-/// decision count's. BENCHMARKS.md has the figures.
-#[repr(align(64))]
-#[derive(Default)]
-pub(crate) struct RefusalCounts {
-    counts: [[AtomicU64; Refusal::COUNT]; 4],
-    published: [[AtomicU64; Refusal::COUNT]; 4],
-}
-
-impl RefusalCounts {
-    /// One refusal of a message of `tier` for `reason`.
-    #[inline]
-    pub(crate) fn add(&self, tier: Criticality, reason: Refusal) {
-        self.counts[tier.rank()][reason.index()].fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-impl Accounts {
-    /// Adds to the refusal and decision metrics what was counted since the last call. Each
-    /// count is taken once (`swap`), so concurrent calls never add it twice, and several
-    /// runtimes in one process add up in the same series, as increments would.
-    pub(crate) fn publish_counts(&self) {
-        let decisions = self.decisions.snapshot();
-        for tier in Criticality::ALL {
-            let m = &self.metrics.tiers[tier];
-            let rank = tier.rank();
-            for (r, counter) in m.refused.iter().enumerate() {
-                let now = self.refusals.counts[rank][r].load(Ordering::Relaxed);
-                let before = self.refusals.published[rank][r].swap(now, Ordering::Relaxed);
-                if now > before {
-                    counter.increment(now - before);
-                }
-            }
-            for d in Decision::ALL {
-                let now = decisions[tier].get(d);
-                let before = self.decisions_published[rank][d.index()].swap(now, Ordering::Relaxed);
-                if now > before {
-                    m.decisions[d.index()].increment(now - before);
-                }
-            }
-        }
-    }
-}
-
-impl Accounts {
-    /// `n` items left the runtime (settled or released): counted out of `alive`, and a waiter
-    /// of `wait_idle` is told when none is left.
-    #[inline]
-    pub(crate) fn leave(&self, n: i64) {
-        // A stale `sources_done` only delays `wait_idle` to its next poll.
-        if self.alive.fetch_sub(n, Ordering::AcqRel) == n
-            && self.sources_done.load(Ordering::Acquire)
-        {
-            self.idle.notify_waiters();
-        }
-    }
-}
 
 /// The message, owned until a handler first needs a shared handle: admission and refusal never
 /// allocate for it.
@@ -248,7 +147,9 @@ pub(crate) struct Item<T> {
     /// Its cohort within its tier (`0..COHORTS`, see `admission::cohort`): the slice of users
     /// it belongs to when its tier is admitted in part.
     pub(crate) cohort: u8,
-    accounts: Arc<Accounts>,
+    /// The runtime's accounts; `None` only once dropped (it goes back to the thread's spares,
+    /// see [`Accounts::share`]).
+    accounts: Option<Arc<Accounts>>,
 }
 
 /// In `Item::flags`: waiting (held under backpressure, or parked behind its ordering key), its
@@ -272,8 +173,8 @@ impl<T> Item<T> {
     pub(crate) fn consumed(env: Envelope<T>, accounts: &Arc<Accounts>) -> Self {
         let original = env.criticality;
         accounts.ledger.record_consumed(original);
-        accounts.metrics.tiers[original].consumed.increment(1);
-        accounts.alive.fetch_add(1, Ordering::Relaxed);
+        accounts.metric_counts.add(Counted::Consumed, original, 1);
+        accounts.enter();
         accounts.memory.add(env.size_bytes as u64);
         Item {
             payload: Payload::Owned(env.payload),
@@ -301,7 +202,7 @@ impl<T> Item<T> {
                     accounts.cohort_period.load(Ordering::Relaxed),
                 )
             }),
-            accounts: Arc::clone(accounts),
+            accounts: Some(Accounts::share(accounts)),
         }
     }
 
@@ -320,14 +221,14 @@ impl<T> Item<T> {
     #[inline]
     pub(crate) fn hand_back_at(&self) -> Option<Instant> {
         self.hand_back
-            .map(|ns| self.accounts.clock_origin + Duration::from_nanos(ns.get() - 1))
+            .map(|ns| self.accounts().clock_origin + Duration::from_nanos(ns.get() - 1))
     }
 
     /// Sets by when it must be handed back (at the runtime's origin at the earliest).
     pub(crate) fn set_hand_back_at(&mut self, at: Option<Instant>) {
         self.hand_back = at.map(|at| {
             let ns = at
-                .saturating_duration_since(self.accounts.clock_origin)
+                .saturating_duration_since(self.accounts().clock_origin)
                 .as_nanos();
             let ns = u64::try_from(ns).unwrap_or(u64::MAX - 1);
             NonZeroU64::MIN.saturating_add(ns)
@@ -374,13 +275,13 @@ impl<T> Item<T> {
             Payload::Moving => unreachable!("payload moved twice"),
         };
         let ack = self.take_ack().unwrap_or_else(Ack::noop);
-        self.accounts.ledger.record_released(self.original);
-        self.accounts.metrics.tiers[self.original]
+        self.accounts().ledger.record_released(self.original);
+        self.accounts().metrics.tiers[self.original]
             .released
             .increment(1);
         // The bytes first: `wait_idle` reads the budget once nothing is alive.
         self.leave_memory();
-        self.accounts.leave(1);
+        self.accounts().leave(1);
         Ok(Envelope {
             payload,
             criticality: self.original,
@@ -423,13 +324,13 @@ impl<T> Item<T> {
     /// Records the disposition (per original criticality) and resolves the ack. Returns the
     /// payload's shared handle, if it has one, for [`share_reusing`](Self::share_reusing).
     pub(crate) fn settle(mut self, disposition: Disposition) -> Option<Arc<T>> {
-        self.accounts.ledger.record(self.original, disposition);
+        self.accounts().ledger.record(self.original, disposition);
         if let Some(ack) = self.take_ack() {
             ack.resolve(disposition);
         }
         // The bytes first: `wait_idle` reads the budget once nothing is alive.
         self.leave_memory();
-        self.accounts.leave(1);
+        self.accounts().leave(1);
         match std::mem::replace(&mut self.payload, Payload::Moving) {
             Payload::Shared(arc) => Some(arc),
             _ => None,
@@ -490,7 +391,7 @@ impl<T> Item<T> {
 
     /// Its bytes leave the memory budget (settled or released: exactly once, as the ack).
     fn leave_memory(&mut self) {
-        self.accounts
+        self.accounts()
             .memory
             .remove(self.size_bytes as u64, self.waiting());
         self.flags &= !WAITING;
@@ -501,7 +402,7 @@ impl<T> Item<T> {
     pub(crate) fn mark_waiting(&mut self) {
         if !self.waiting() {
             self.flags |= WAITING;
-            self.accounts.memory.mark_waiting(self.size_bytes as u64);
+            self.accounts().memory.mark_waiting(self.size_bytes as u64);
         }
     }
 
@@ -509,25 +410,33 @@ impl<T> Item<T> {
     pub(crate) fn unmark_waiting(&mut self) {
         if self.waiting() {
             self.flags &= !WAITING;
-            self.accounts.memory.unmark_waiting(self.size_bytes as u64);
+            self.accounts()
+                .memory
+                .unmark_waiting(self.size_bytes as u64);
         }
     }
 
     pub(crate) fn accounts(&self) -> &Accounts {
-        &self.accounts
+        match &self.accounts {
+            Some(accounts) => accounts,
+            None => unreachable!("an item's accounts are taken only when it is dropped"),
+        }
     }
 }
 
 impl<T> Drop for Item<T> {
     fn drop(&mut self) {
         if let Some(ack) = self.take_ack() {
-            self.accounts.ledger.record_released(self.original);
-            self.accounts.metrics.tiers[self.original]
+            self.accounts().ledger.record_released(self.original);
+            self.accounts().metrics.tiers[self.original]
                 .released
                 .increment(1);
             self.leave_memory();
-            self.accounts.leave(1);
+            self.accounts().leave(1);
             ack.release();
+        }
+        if let Some(accounts) = self.accounts.take() {
+            Accounts::give_back(accounts);
         }
     }
 }

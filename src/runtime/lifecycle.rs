@@ -2,7 +2,7 @@
 //! dropped), the tasks that own messages outside the queue (deferrals, dead letters, holds,
 //! retries), and the sources still pulling.
 
-use std::sync::atomic::AtomicUsize;
+use crate::sync::AtomicUsize;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;

@@ -8,7 +8,7 @@
 //! path as a live reconfiguration), and everything else (the gate, the intakes, the workers,
 //! the policy step, the gauges) reads the level from here, never from the configuration.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use crate::sync::{AtomicU64, AtomicU8, Ordering};
 
 use crate::runtime::RuntimeConfig;
 

@@ -1,8 +1,8 @@
 //! An in-memory broker, source and sinks: the embedded default, and the test double for unit
 //! tests. Integration tests use real brokers.
 
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;

@@ -25,6 +25,7 @@
 //! back: deferred where its tier defers and a copy comes back in time, otherwise released for
 //! the broker to deliver again (see `patience.rs`).
 
+mod accounts;
 mod ack;
 mod builder;
 mod config;
@@ -43,6 +44,7 @@ mod job;
 mod lifecycle;
 mod live;
 mod memory_broker;
+mod metric_counts;
 pub mod metrics;
 mod pacing;
 mod patience;
@@ -55,6 +57,8 @@ mod refusal;
 mod report;
 mod sampler;
 mod settle;
+#[cfg(test)]
+mod shared_writes;
 mod signals;
 mod sink;
 mod source;
@@ -62,7 +66,7 @@ mod submit;
 mod toolbox;
 mod worker;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -440,7 +444,7 @@ impl<T: Send + Sync + 'static> Runtime<T> {
             tokio::pin!(idle);
             idle.as_mut().enable();
             let pulling = self.inner.lifecycle.pulling.load(Ordering::Acquire);
-            let alive = self.inner.accounts.alive.load(Ordering::Acquire);
+            let alive = self.inner.accounts.alive();
             if pulling == 0 && alive == 0 {
                 return;
             }
@@ -535,22 +539,18 @@ fn stats_of<T>(inner: &Inner<T>) -> RuntimeStats {
     RuntimeStats {
         ledger: inner.accounts.ledger.snapshot(),
         queue: inner.queue.stats(),
-        alive: inner.accounts.alive.load(Ordering::Relaxed).max(0) as u64,
+        alive: inner.accounts.alive().max(0) as u64,
         queued: inner.queue.len() as u64,
         held: inner.signals.held(),
         parked: inner.keys.parked() as u64,
         dead_letters_held: inner.dead_letters.held(),
         running: inner.limit.in_flight() as u64,
         limit: inner.limit.limit() as u64,
-        refused: per_tier(&inner.accounts.refused),
-        admitted: per_tier(&inner.accounts.admitted),
-        withdrawn: per_tier(&inner.accounts.withdrawn),
+        refused: inner.accounts.per_tier(|c| &c.refused),
+        admitted: inner.accounts.per_tier(|c| &c.admitted),
+        withdrawn: inner.accounts.per_tier(|c| &c.withdrawn),
         handed_back: inner.patience.handed_back(),
     }
-}
-
-fn per_tier(counters: &[AtomicU64; 4]) -> crate::PerTier<u64> {
-    crate::PerTier::from_fn(|t| counters[t.rank()].load(Ordering::Relaxed))
 }
 
 impl<T> std::fmt::Debug for Runtime<T> {

@@ -2,7 +2,7 @@
 //! prefetch, and waits for room otherwise; a worker that takes work tells it. While it waits
 //! with nothing to hold, the workers may pull for it (see [`PullForIntake`]).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use crate::sync::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// A source a worker that finds the queue empty may pull from itself, for its intake, while

@@ -61,7 +61,7 @@
 //!
 //! [`WfqQueue::take_due`]: crate::queue::WfqQueue::take_due
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use quanta::Instant;

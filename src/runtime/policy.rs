@@ -5,7 +5,7 @@
 //! `deferral.rs`, keeps the sink, its permits and its health). At shutdown the queued messages
 //! are deferred where their policy says so, or released.
 
-use std::sync::atomic::Ordering;
+use crate::sync::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,7 +37,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             // Count messages, not attempts: a held message is offered again and again.
             item.standing = item.standing.and_refused();
             self.accounts.refusals.add(tier, r);
-            self.accounts.refused[tier.rank()].fetch_add(1, Ordering::Relaxed);
+            self.accounts.counts.local().refused[tier.rank()].add(1, Ordering::Relaxed);
         }
         // The decision ends here: what follows is the policy the operator chose (a Drop's
         // observer call and acknowledgement, a deferral's task), whose cost is the sink's, the

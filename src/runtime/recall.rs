@@ -45,8 +45,8 @@
 //! after the recall looked. That costs a worker one sequentially consistent store per message
 //! (an `xchg` on x86).
 
+use crate::sync::Ordering;
 use std::fmt;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -239,7 +239,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// hands back a backlog and pulls it again would read as arrival beyond capacity.
     fn unpull(&self, item: &Item<T>) {
         if item.origin == Origin::Pulled {
-            self.signals.pulled[item.original.rank()].fetch_sub(1, Ordering::Relaxed);
+            self.signals.measured.local().pulled[item.original.rank()].sub(1, Ordering::Relaxed);
         }
     }
 }

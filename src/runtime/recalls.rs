@@ -3,7 +3,7 @@
 //! wait for. Why the generation is read before the pull, and why a worker publishes what it
 //! runs before it reads the generation: see `recall.rs`.
 
-use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{owned, AtomicU16, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -84,10 +84,10 @@ impl Recalls {
 #[derive(Default)]
 #[repr(align(128))]
 struct RunningCell {
-    sink: AtomicUsize,
-    stream: AtomicU64,
-    position: AtomicU64,
-    epoch: AtomicU64,
+    sink: owned::AtomicUsize,
+    stream: owned::AtomicU64,
+    position: owned::AtomicU64,
+    epoch: owned::AtomicU64,
 }
 
 impl RunningCell {

@@ -2,7 +2,7 @@
 //! into pull-based admission, stores the shed level and the backlog's clearing time the gate
 //! and the deferral part read, and sets the gauges. Nothing here runs per message.
 
-use std::sync::atomic::Ordering;
+use crate::sync::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,20 +40,21 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 self.accounts.cohort_period.store(period, Ordering::Relaxed);
             }
             let lag = self.signals.lag();
+            let measured = &self.signals.measured;
             let sample = PullSample {
                 at: self.clock.now().saturating_duration_since(self.origin),
                 lag,
-                pulled: std::array::from_fn(|r| self.signals.pulled[r].load(Ordering::Relaxed)),
-                served: self.signals.served.load(Ordering::Relaxed),
-                busy: Duration::from_nanos(self.signals.busy_ns.load(Ordering::Relaxed)),
+                pulled: std::array::from_fn(|r| measured.sum(|m| &m.pulled[r])),
+                served: measured.sum(|m| &m.served),
+                busy: Duration::from_nanos(measured.sum(|m| &m.busy_ns)),
                 limit: self.limit.limit(),
                 waiting: (self.queue.len() as u64)
                     .saturating_add(self.signals.held.load(Ordering::Relaxed).max(0) as u64),
                 with_deadline: std::array::from_fn(|r| {
-                    self.signals.pulled_with_deadline[r].load(Ordering::Relaxed)
+                    measured.sum(|m| &m.pulled_with_deadline[r])
                 }),
                 slack: std::array::from_fn(|r| {
-                    Duration::from_micros(self.signals.slack_us[r].load(Ordering::Relaxed))
+                    Duration::from_micros(measured.sum(|m| &m.slack_us[r]))
                 }),
             };
             let level = pull.observe(&sample);

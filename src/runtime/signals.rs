@@ -2,7 +2,7 @@
 //! tick, and what the sampler concludes from them for the gate and the deferral part to read:
 //! the shed level, how long shedding has lasted, how long the backlog takes to clear.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU16, AtomicU64, Ordering};
+use crate::sync::{AtomicBool, AtomicI64, AtomicU16, AtomicU64, Count, Ordering, PerThread};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,16 +23,9 @@ pub(crate) struct Signals {
     /// sampler: while a backlog lasts the workers have no room, and the drains are pulled only
     /// into room.
     pub(crate) backlog_clear_ns: AtomicU64,
-    /// Messages pulled from non-drain sources, per tier rank: the arrival mix.
-    pub(crate) pulled: [AtomicU64; 4],
-    /// Of those, the ones with a deadline, and the sum of their deadline slack at intake in µs
-    /// (each at most `u32::MAX`), per tier rank: what pull-based admission predicts deadline
-    /// misses from.
-    pub(crate) pulled_with_deadline: [AtomicU64; 4],
-    pub(crate) slack_us: [AtomicU64; 4],
-    /// Handler runs finished, and their summed run time in ns: the capacity estimate.
-    pub(crate) served: AtomicU64,
-    pub(crate) busy_ns: AtomicU64,
+    /// What every message adds to, one copy per thread (see `crate::sync`), summed by the
+    /// sampler.
+    pub(crate) measured: PerThread<Measured>,
     /// Each non-drain source's lag, written by its intake (`u64::MAX`: unknown).
     pub(crate) lags: parking_lot::Mutex<Vec<Arc<AtomicU64>>>,
     /// Messages held by backpressure (by the intakes and by hold tasks).
@@ -40,8 +33,25 @@ pub(crate) struct Signals {
     /// Whether anything was ever offered with `try_submit` (queue-age admission then counts
     /// in the load level).
     pub(crate) pushed_seen: AtomicBool,
-    /// When each tier (rank) last had an item queued, ns since the runtime's origin (0: never).
-    pub(crate) last_work_ns: [AtomicU64; 4],
+}
+
+/// One thread's copy of [`Signals::measured`].
+#[derive(Default)]
+pub(crate) struct Measured {
+    /// Messages pulled from non-drain sources, per tier rank: the arrival mix (a wrapping
+    /// count: a message taken back is counted out on whichever thread).
+    pub(crate) pulled: [Count; 4],
+    /// Of those, the ones with a deadline, and the sum of their deadline slack at intake in µs
+    /// (each at most `u32::MAX`), per tier rank: what pull-based admission predicts deadline
+    /// misses from.
+    pub(crate) pulled_with_deadline: [Count; 4],
+    pub(crate) slack_us: [Count; 4],
+    /// Handler runs finished, and their summed run time in ns: the capacity estimate.
+    pub(crate) served: Count,
+    pub(crate) busy_ns: Count,
+    /// When each tier (rank) last had an item queued, ns since the runtime's origin (0: never):
+    /// the latest of the copies.
+    pub(crate) last_work_ns: [Count; 4],
 }
 
 impl Signals {
@@ -80,11 +90,11 @@ impl Signals {
     /// The mean handler run so far (busy time over calls), at most one second; zero before the
     /// first call.
     pub(crate) fn mean_service(&self) -> Duration {
-        let served = self.served.load(Ordering::Relaxed);
+        let served = self.measured.sum(|m| &m.served);
         if served == 0 {
             return Duration::ZERO;
         }
-        let busy = self.busy_ns.load(Ordering::Relaxed);
+        let busy = self.measured.sum(|m| &m.busy_ns);
         Duration::from_nanos(busy / served).min(Duration::from_secs(1))
     }
 
@@ -111,10 +121,11 @@ mod tests {
     fn the_mean_service_is_busy_time_over_calls_at_most_a_second() {
         let s = Signals::new();
         assert_eq!(s.mean_service(), Duration::ZERO);
-        s.served.store(4, Ordering::Relaxed);
-        s.busy_ns.store(4_000_000, Ordering::Relaxed);
+        let m = s.measured.local();
+        m.served.set(4);
+        m.busy_ns.set(4_000_000);
         assert_eq!(s.mean_service(), Duration::from_millis(1));
-        s.busy_ns.store(40_000_000_000, Ordering::Relaxed);
+        m.busy_ns.set(40_000_000_000);
         assert_eq!(s.mean_service(), Duration::from_secs(1));
     }
 

@@ -5,9 +5,12 @@
 //!
 //! A worker pays once per batch what does not depend on the message: the queue's lock, the
 //! tier mask of the concurrency shares, the wake-up of an intake waiting for room, the clock
-//! read that stamps the batch's sojourns, and the metric counters (accumulated in a [`Tally`]
-//! and added once). Per message it pays the deadline check, a slot of the concurrency limit,
-//! one clock read (a handler's end is the next one's start), the handler, and the disposition.
+//! read that stamps the batch's sojourns, and the counters (accumulated in a [`Tally`] and
+//! added once, to its thread's copies: see `crate::sync`). Per message it pays the deadline
+//! check, one clock read (a handler's end is the next one's start), the handler, and the
+//! disposition. Its slot of the concurrency limit is passed from one item of a batch to the
+//! next when the next one's tier may use it, rather than released and taken again: a
+//! worker runs one handler at a time, and the in-flight count is a line every worker writes.
 //! Nothing is allocated per message in steady state: the handler's future is awaited in place
 //! (the worker is generic over the handler, so its future is not boxed), and the payload's
 //! shared handle for the [`Job`] reuses the allocation of the previous message's once the
@@ -31,9 +34,9 @@
 //! it (its deadline, exactly; its circuit); [`Inner::settle`] the one place a disposition is
 //! recorded (observer, ledger, acknowledgement).
 
+use crate::sync::Ordering;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -42,9 +45,11 @@ use futures_util::FutureExt;
 use quanta::Instant;
 
 use crate::ledger::Disposition;
+use crate::limit::PermitRef;
 use crate::queue::Dequeued;
 use crate::runtime::engine::Inner;
 use crate::runtime::item::Item;
+use crate::runtime::metric_counts::{Counted, Samples};
 use crate::runtime::{Ack, AckRef, AckSink, HandlerError, Job, LoadLevel};
 use crate::Criticality;
 
@@ -82,21 +87,27 @@ impl Tally {
     /// counts those messages out of the runtime: in the order one message's settlement takes
     /// (ledger, acknowledgement, `alive`), so a reader who sees a message acknowledged sees it
     /// in the ledger, and `wait_idle` sees nothing alive before every disposition is recorded.
-    fn flush<T>(&mut self, inner: &Inner<T>, acks: &mut Vec<Ack>, tokens: &mut Vec<AckRef>) {
-        let metrics = &inner.accounts.metrics;
+    fn flush<T>(
+        &mut self,
+        inner: &Inner<T>,
+        samples: &mut Samples,
+        acks: &mut Vec<Ack>,
+        tokens: &mut Vec<AckRef>,
+    ) {
+        let metrics = &inner.accounts.metric_counts;
         let ledger = &inner.accounts.ledger;
+        metrics.add_samples(samples);
         let mut settled = 0;
         for tier in Criticality::ALL {
             let r = tier.rank();
-            let m = &metrics.tiers[tier];
             if self.completed[r] > 0 {
-                m.completed.increment(self.completed[r]);
+                metrics.add(Counted::Completed, tier, self.completed[r]);
             }
             if self.goodput[r] > 0 {
-                m.goodput.increment(self.goodput[r]);
+                metrics.add(Counted::Goodput, tier, self.goodput[r]);
             }
             if self.expired[r] > 0 {
-                m.expired.increment(self.expired[r]);
+                metrics.add(Counted::Expired, tier, self.expired[r]);
             }
             if self.settled[r] > 0 {
                 ledger.record_n(tier, Disposition::Completed, self.settled[r]);
@@ -107,14 +118,9 @@ impl Tally {
             }
         }
         if self.served > 0 {
-            inner
-                .signals
-                .served
-                .fetch_add(self.served, Ordering::Relaxed);
-            inner
-                .signals
-                .busy_ns
-                .fetch_add(self.busy_ns, Ordering::Relaxed);
+            let measured = inner.signals.measured.local();
+            measured.served.add(self.served, Ordering::Relaxed);
+            measured.busy_ns.add(self.busy_ns, Ordering::Relaxed);
         }
         resolve_completed(acks, tokens);
         if settled > 0 {
@@ -159,6 +165,9 @@ struct Local<T> {
     /// The last served payload's shared handle, reused for the next one when nobody kept it.
     spare: Option<Arc<T>>,
     tally: Tally,
+    /// Sojourns and handler run times since the last flush, added to the thread's histogram
+    /// counts there (emptied, kept for reuse).
+    samples: Box<Samples>,
     /// The acks of the messages the tally settled, resolved at its flush.
     acks: Vec<Ack>,
     /// Scratch for the acks' tokens at the flush (`resolve_completed`).
@@ -173,7 +182,8 @@ struct Local<T> {
 
 impl<T> Local<T> {
     fn flush(&mut self, inner: &Inner<T>) {
-        self.tally.flush(inner, &mut self.acks, &mut self.tokens);
+        self.tally
+            .flush(inner, &mut self.samples, &mut self.acks, &mut self.tokens);
     }
 
     fn batch_size(&self) -> usize {
@@ -211,12 +221,16 @@ where
         batch: Vec::with_capacity(MAX_BATCH),
         spare: None,
         tally: Tally::default(),
+        samples: Box::default(),
         acks: Vec::with_capacity(MAX_BATCH),
         tokens: Vec::with_capacity(MAX_BATCH),
         streak: 0,
         mean_ns: u64::MAX,
         running: inner.recalls.for_worker(),
     };
+    // The slot of the concurrency limit the last handler ran in, kept for the next item of the
+    // batch when its handler finished at once (see `serve`).
+    let mut kept: Option<PermitRef<'_>> = None;
     loop {
         let max = local.batch_size();
         if !inner.next_batch(&mut local.batch, max).await {
@@ -240,13 +254,24 @@ where
                     let sojourn = e.sojourn(now);
                     let enqueued_at = e.enqueued_at();
                     let item = e.into_inner();
-                    inner.accounts.metrics.tiers[item.tier()]
-                        .sojourn
-                        .record(sojourn.as_secs_f64());
-                    now = serve(&inner, &*handler, &mut local, item, enqueued_at, now).await;
+                    let counts = &inner.accounts.metric_counts;
+                    local.samples.sojourn(counts, item.tier(), sojourn);
+                    now = serve(
+                        &inner,
+                        &*handler,
+                        &mut local,
+                        &mut kept,
+                        item,
+                        enqueued_at,
+                        now,
+                    )
+                    .await;
                 }
             }
         }
+        // Released before the worker waits for more: a slot is held only while a handler runs
+        // or the next item of its batch follows at once.
+        kept = None;
         local.flush(&inner);
     }
 }
@@ -254,10 +279,11 @@ where
 /// Serves one popped item: the dispatch check, a slot, the handler, the disposition. `now` is a
 /// clock reading taken just before (the batch's, or the previous handler's end); returns the
 /// reading taken at the end of this one.
-async fn serve<T, H, F>(
-    inner: &Arc<Inner<T>>,
+async fn serve<'a, T, H, F>(
+    inner: &'a Arc<Inner<T>>,
     handler: &H,
     local: &mut Local<T>,
+    kept: &mut Option<PermitRef<'a>>,
     item: Item<T>,
     enqueued_at: Instant,
     mut now: Instant,
@@ -274,16 +300,24 @@ where
         return now;
     }
     let tier = item.tier();
+    // The previous handler's slot, if this item's tier may use it: passed on rather than
+    // released and taken again. Else released here.
+    let passed = match kept.take().map(|slot| slot.pass_to(tier)) {
+        Some(Ok(slot)) => Some(slot),
+        _ => None,
+    };
     // The pop applied the tier mask of the shares (`worker_mask`); another worker may have
     // taken the last slot since. With work-conserving shares a popped item borrows an idle
     // slot rather than sitting on it until its share frees; else it waits within its share.
-    let permit = match inner.limit.try_acquire_ref(tier).or_else(|| {
-        inner
-            .config()
-            .work_conserving
-            .then(|| inner.limit.try_acquire_ref_up_to(tier, inner.limit.limit()))
-            .flatten()
-    }) {
+    let permit = match passed
+        .or_else(|| inner.limit.try_acquire_ref(tier))
+        .or_else(|| {
+            inner
+                .config()
+                .work_conserving
+                .then(|| inner.limit.try_acquire_ref_up_to(tier, inner.limit.limit()))
+                .flatten()
+        }) {
         Some(p) => p,
         None => {
             // Nothing the tally holds waits behind a slot (nor is lost if the worker is
@@ -338,10 +372,16 @@ where
     let latency = finished.saturating_duration_since(started);
     let latency_ns = latency.as_nanos() as u64;
     local.learn(latency_ns, at_first_poll);
-    inner.accounts.metrics.tiers[tier]
-        .latency
-        .record(latency.as_secs_f64());
-    let _ = permit.record(latency, false);
+    let counts = &inner.accounts.metric_counts;
+    local.samples.latency(counts, tier, latency);
+    let _ = permit.sample(latency, false);
+    // Kept for the next item of the batch, if its handler finished at once and nothing awaits
+    // before that item (a failure's retry or dead letter may); released otherwise.
+    if at_first_poll && !local.batch.is_empty() && matches!(outcome, Ok(Ok(()))) {
+        *kept = Some(permit);
+    } else {
+        drop(permit);
+    }
     local.tally.served += 1;
     local.tally.busy_ns += latency_ns;
     inner.record_downstream(call, &outcome);

@@ -30,7 +30,7 @@ impl<T> WfqQueue<T> {
     /// Items held, across tiers. Read without the lock, so possibly a moment stale.
     #[inline]
     pub fn len(&self) -> usize {
-        self.published.len.load(Ordering::Relaxed)
+        self.published.len()
     }
 
     /// Whether nothing is held. Read without the lock.
@@ -81,14 +81,14 @@ impl<T> WfqQueue<T> {
     }
 
     /// Whether a push of `tier` would, as the queue was last published, find it full by count
-    /// with nothing of a lower tier to evict: three relaxed loads, no lock. A hint, not a
+    /// with nothing of a lower tier to evict: two relaxed loads, no lock. A hint, not a
     /// promise: it may be stale either way, and it ignores expired items a push would discard
     /// and the byte budget. For a holder of refused items deciding whether an offer is worth
     /// its lock (`runtime::gate`: a pulled message that would wait for room anyway).
     pub(crate) fn looks_full_for(&self, tier: Criticality) -> bool {
         let below = (1u8 << tier.rank()) - 1;
-        self.published.len.load(Ordering::Relaxed) >= self.capacity_hint.load(Ordering::Relaxed)
-            && self.published.backlog.load(Ordering::Relaxed) & below == 0
+        let (len, backlog) = self.published.len_and_backlog();
+        len >= self.capacity_hint.load(Ordering::Relaxed) && backlog & below == 0
     }
 
     /// Items taken out by pops so far (served or expired), read without the lock.

@@ -2,8 +2,8 @@
 //! their downstream's circuit), offered again as capacity returns, and what the last sweep over
 //! them learned. The module docs of `intake` say why an intake holds rather than stops.
 
+use crate::sync::Ordering;
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::runtime::engine::{Inner, Offer};

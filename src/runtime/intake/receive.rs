@@ -1,7 +1,7 @@
 //! What every pulled message goes through before its offer, whoever pulled it (the intake, or a
 //! worker pulling for it), and how far ahead an intake that is not overloaded pulls.
 
-use std::sync::atomic::Ordering;
+use crate::sync::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,13 +61,14 @@ pub(crate) fn receive<T: Send + Sync + 'static>(
     if mode == Mode::Drain {
         item.origin = Origin::Drained;
     } else {
-        inner.signals.pulled[tier.rank()].fetch_add(1, Ordering::Relaxed);
+        let measured = inner.signals.measured.local();
+        measured.pulled[tier.rank()].add(1, Ordering::Relaxed);
         // The deadline slack it arrives with: what admission predicts deadline misses from.
         // In µs, at most `u32::MAX` (71 minutes) each, so the sum lasts 4 billion messages.
         if let Some(deadline) = item.deadline() {
             let slack = deadline.saturating_duration_since(now).as_micros();
-            inner.signals.pulled_with_deadline[tier.rank()].fetch_add(1, Ordering::Relaxed);
-            inner.signals.slack_us[tier.rank()].fetch_add(
+            measured.pulled_with_deadline[tier.rank()].add(1, Ordering::Relaxed);
+            measured.slack_us[tier.rank()].add(
                 u64::try_from(slack).map_or(u64::from(u32::MAX), |s| s.min(u64::from(u32::MAX))),
                 Ordering::Relaxed,
             );

@@ -1,7 +1,7 @@
 //! A source shared by its intake and the workers: while the intake waits for room with nothing
 //! to hold, a worker that finds the queue empty pulls from the source itself.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures_util::FutureExt;

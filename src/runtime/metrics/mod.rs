@@ -4,11 +4,15 @@
 //!
 //! Names are under `triage_`; labels are from small fixed sets (`tier`, `reason`, `decision`), never from
 //! message content. Handles are registered once at start, so recording is an atomic add on a
-//! handle: no lookup, no allocation, no formatting on the hot path. Two families are not
-//! recorded on their handles per message: `triage_refused_total` and
-//! `triage_admission_decisions_total` are counted in the runtime's own counters and added to
-//! the metric by the sampler every `admission.tick_ms` (100 ms) and at shutdown, so a scrape
-//! lags them by one tick at most (see `item::RefusalCounts` for why). Without a recorder installed
+//! handle: no lookup, no allocation, no formatting on the hot path. What every message records
+//! is not recorded on its handle per message: `triage_consumed_total`,
+//! `triage_admitted_total`, `triage_completed_total`, `triage_goodput_total`, the expiries at
+//! dequeue in `triage_expired_total`, `triage_sojourn_seconds` and
+//! `triage_handler_latency_seconds` are counted per thread (`metric_counts.rs`), and
+//! `triage_refused_total` and `triage_admission_decisions_total` in the runtime's own counters;
+//! the sampler adds them to the metrics every `admission.tick_ms` (100 ms) and at shutdown, so
+//! a scrape lags them by one tick at most (see `accounts::RefusalCounts` and `crate::sync` for
+//! why). Without a recorder installed
 //! (see `metrics::set_global_recorder`, or the `prometheus` feature) every handle is a no-op.
 //!
 //! | name | kind | labels | meaning |
@@ -125,7 +129,7 @@ const fn seconds_histogram(name: &'static str, buckets: &'static [f64], help: &'
 /// Buckets for time spent waiting or working, in seconds: 0.5 ms to 10 s, with bounds at the
 /// default queue-age cut-offs (20, 80, 200, 400 ms) and around the usual deadline windows
 /// (100 ms to 3 s), so `histogram_quantile` resolves what admission and deadlines act on.
-const LATENCY_BUCKETS: &[f64] = &[
+pub(crate) const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.1, 0.2, 0.4, 0.8, 1.0, 1.5, 3.0, 5.0,
     10.0,
 ];
