@@ -105,11 +105,12 @@ impl SimBroker {
                     epoch: 0,
                 },
             );
-            let env = Envelope::new(msg, tier, ack)
+            let mut env = Envelope::new(msg, tier, ack)
                 .with_deadline(msg.deadline)
                 .with_size_bytes(msg.size as usize)
                 .with_deferrals(deferrals)
                 .with_ordering_key_opt(msg.key);
+            env.cohort = Some(msg.cohort);
             st.log.push_back(env);
             self.inner
                 .backlog

@@ -4,10 +4,12 @@
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use triage::admission::cohort;
 use triage::quanta::{Clock, Instant};
 
 use crate::arrival::poisson;
 use crate::broker::SimBroker;
+use crate::hash;
 use crate::msg::Msg;
 use crate::scenario::Scenario;
 use crate::tally::Tally;
@@ -36,6 +38,7 @@ fn offer(sc: &Scenario, rng: &mut fastrand::Rng, tally: &Mutex<Tally>, published
         size,
         key,
         resubmits: 0,
+        cohort: cohort(key.unwrap_or_else(|| hash::bits(sc.seed, 4, id)), 0),
     })
 }
 

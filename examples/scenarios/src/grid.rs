@@ -3,10 +3,10 @@
 //! best by goodput (Critical first, then the weighted total; see [`Goodput::better_than`]).
 //!
 //! Knobs left out, and why: the queue-age cut-offs (`queue.admission`) admit pushed work
-//! (`try_submit`) only, and every scenario is pulled; the shares, refusal policies, retries and
-//! breaker settings are each tier's business or a downstream's, not a tuning the scenarios
-//! vary; `tick_ms`, `window_ms` and `prefetch_per_slot` moved less than the knobs kept in a
-//! first look and were held at their defaults to keep the grid small.
+//! (`try_submit`) only, and every scenario is pulled; the shares, refusal policies and breaker
+//! settings are each tier's business or a downstream's, not a tuning the scenarios vary;
+//! `tick_ms`, `window_ms`, `sustained_ms` and `prefetch_per_slot` are held at their defaults
+//! to keep the grid small (BENCHMARKS.md says which knobs a first grid found to matter).
 
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,8 +38,8 @@ pub struct Point {
     pub weights: [u32; 4],
     /// `admission.headroom`.
     pub headroom: f64,
-    /// `admission.sustained_ms`.
-    pub sustained_ms: u64,
+    /// `retry.base_backoff_ms`.
+    pub backoff_ms: u64,
     /// `admission.recover_ms`.
     pub recover_ms: u64,
     /// `queue.capacity`.
@@ -55,7 +55,7 @@ impl Point {
         Point {
             weights: [8, 4, 2, 1],
             headroom: c.admission.headroom,
-            sustained_ms: c.admission.sustained_ms,
+            backoff_ms: c.retry.base_backoff_ms,
             recover_ms: c.admission.recover_ms,
             capacity: c.queue.capacity.get(),
             limit: Limit::Fixed,
@@ -69,7 +69,7 @@ impl Point {
         c.queue = c.queue.weights(w0, w1, w2, w3);
         c.queue.capacity = NonZeroUsize::new(self.capacity).unwrap_or(NonZeroUsize::MIN);
         c.admission.headroom = self.headroom;
-        c.admission.sustained_ms = self.sustained_ms;
+        c.retry.base_backoff_ms = self.backoff_ms;
         c.admission.recover_ms = self.recover_ms;
         c.limit = match self.limit {
             Limit::Fixed => None,
@@ -100,8 +100,8 @@ impl Point {
         if self.headroom != d.headroom {
             parts.push(format!("admission.headroom = {}", self.headroom));
         }
-        if self.sustained_ms != d.sustained_ms {
-            parts.push(format!("admission.sustained_ms = {}", self.sustained_ms));
+        if self.backoff_ms != d.backoff_ms {
+            parts.push(format!("retry.base_backoff_ms = {}", self.backoff_ms));
         }
         if self.recover_ms != d.recover_ms {
             parts.push(format!("admission.recover_ms = {}", self.recover_ms));
@@ -121,8 +121,8 @@ impl Point {
 pub const WEIGHTS: [[u32; 4]; 2] = [[8, 4, 2, 1], [32, 8, 2, 1]];
 /// `admission.headroom` values.
 pub const HEADROOM: [f64; 2] = [0.95, 0.85];
-/// `admission.sustained_ms` values.
-pub const SUSTAINED_MS: [u64; 2] = [3000, 1000];
+/// `retry.base_backoff_ms` values.
+pub const BACKOFF_MS: [u64; 2] = [100, 10];
 /// `admission.recover_ms` values.
 pub const RECOVER_MS: [u64; 3] = [500, 150, 2000];
 /// `queue.capacity` values.
@@ -135,14 +135,14 @@ pub fn points() -> Vec<Point> {
     let mut v = Vec::new();
     for weights in WEIGHTS {
         for headroom in HEADROOM {
-            for sustained_ms in SUSTAINED_MS {
+            for backoff_ms in BACKOFF_MS {
                 for recover_ms in RECOVER_MS {
                     for capacity in CAPACITY {
                         for limit in LIMITS {
                             v.push(Point {
                                 weights,
                                 headroom,
-                                sustained_ms,
+                                backoff_ms,
                                 recover_ms,
                                 capacity,
                                 limit,
@@ -238,5 +238,25 @@ pub fn search(scenarios: &[Scenario], points: &[Point], threads: usize) -> Searc
         runs: jobs.len(),
         wall: start.elapsed(),
         threads: threads.max(1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_point_is_todays_defaults_and_the_grid_has_every_combination() {
+        let pts = points();
+        assert_eq!(pts.len(), 96);
+        assert_eq!(pts[0], Point::defaults());
+        assert_eq!(pts[0].config(8), RuntimeConfig::default());
+        assert_eq!(pts[0].describe(), "defaults");
+        for (i, a) in pts.iter().enumerate() {
+            assert!(pts[i + 1..].iter().all(|b| b != a), "{a:?} twice");
+            a.config(8)
+                .validate()
+                .expect("every point is a valid configuration");
+        }
     }
 }

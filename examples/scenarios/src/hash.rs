@@ -9,14 +9,23 @@ fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// A uniform draw in `[0, 1)` for (`seed`, `stream`, `id`, `attempt`).
-pub fn unit(seed: u64, stream: u64, id: u64, attempt: u32) -> f64 {
-    let h = mix64(
+/// 64 uniform bits for (`seed`, `stream`, `id`, `attempt`).
+fn draw(seed: u64, stream: u64, id: u64, attempt: u32) -> u64 {
+    mix64(
         seed ^ mix64(stream.wrapping_mul(0x9e37_79b9_7f4a_7c15))
             ^ mix64(id.wrapping_add(0x632b_e59b_d9b4_e019))
             ^ mix64(u64::from(attempt).wrapping_mul(0xd1b5_4a32_d192_ed03) + 1),
-    );
-    (h >> 11) as f64 / (1u64 << 53) as f64
+    )
+}
+
+/// A uniform draw in `[0, 1)` for (`seed`, `stream`, `id`, `attempt`).
+pub fn unit(seed: u64, stream: u64, id: u64, attempt: u32) -> f64 {
+    (draw(seed, stream, id, attempt) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// 64 uniform bits for (`seed`, `stream`, `id`).
+pub fn bits(seed: u64, stream: u64, id: u64) -> u64 {
+    draw(seed, stream, id, 0)
 }
 
 #[cfg(test)]

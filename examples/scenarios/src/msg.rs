@@ -21,4 +21,9 @@ pub struct Msg {
     pub key: Option<u64>,
     /// Times its producer re-published it after it was shed (the retry storm).
     pub resubmits: u32,
+    /// The cohort of the user it serves (see `triage::admission::cohort`): its key's in key
+    /// mode, otherwise its own (each message its own user). Set by the generator with a fixed
+    /// rotation period: the runtime's own choice, for a message without one, mixes in the
+    /// wall clock's hour, and a run would then differ from one hour to the next.
+    pub cohort: u8,
 }

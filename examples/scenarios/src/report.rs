@@ -118,13 +118,13 @@ pub fn render(rows: &[Row<'_>], search: Option<&Search>, command: &str, wall: Du
         let _ = writeln!(
             o,
             "The grid: `queue.weights` {:?}, `admission.headroom` {:?}, \
-             `admission.sustained_ms` {:?}, `admission.recover_ms` {:?}, `queue.capacity` {:?}, \
+             `retry.base_backoff_ms` {:?}, `admission.recover_ms` {:?}, `queue.capacity` {:?}, \
              limit fixed at the workers or Gradient2 (initial = max = workers): {} points, \
              {} runs in {} on {} threads. Best = highest Critical goodput, then highest \
              weighted total; a tie keeps the earlier point (the defaults come first).\n",
             grid::WEIGHTS,
             grid::HEADROOM,
-            grid::SUSTAINED_MS,
+            grid::BACKOFF_MS,
             grid::RECOVER_MS,
             grid::CAPACITY,
             grid::points().len(),

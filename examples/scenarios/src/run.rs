@@ -49,9 +49,43 @@ pub fn run_virtual(sc: &Scenario, consumer: &Consumer) -> Outcome {
 ///
 /// If the tokio runtime cannot be built.
 pub fn run_real_time(sc: &Scenario, consumer: &Consumer) -> Outcome {
-    let rt = tokio::runtime::Builder::new_current_thread()
+    real_time_runtime().block_on(run_on(sc, consumer, true))
+}
+
+fn real_time_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
-        .expect("a current-thread tokio runtime");
-    rt.block_on(run_on(sc, consumer, true))
+        .expect("a current-thread tokio runtime")
+}
+
+/// The workers' capacity on real timers, messages per second: `sc.workers` tasks calling
+/// sleep for the drawn service times back to back for `over`.
+///
+/// # Panics
+///
+/// If the tokio runtime cannot be built.
+pub fn real_capacity(sc: &Scenario, over: Duration) -> f64 {
+    real_time_runtime().block_on(async {
+        let start = tokio::time::Instant::now();
+        let mut tasks = Vec::new();
+        for w in 0..sc.workers as u64 {
+            let service = sc.service;
+            let seed = sc.seed;
+            tasks.push(tokio::spawn(async move {
+                let mut n = 0u64;
+                while start.elapsed() < over {
+                    let id = w * 1_000_000 + n;
+                    tokio::time::sleep(service.draw(seed, id, 0, Duration::ZERO)).await;
+                    n += 1;
+                }
+                n
+            }));
+        }
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.unwrap_or(0);
+        }
+        total as f64 / start.elapsed().as_secs_f64()
+    })
 }

@@ -73,12 +73,18 @@ pub struct Scenario {
     pub retry_storm: bool,
     /// The overload stretch recovery is timed from.
     pub step: Option<Step>,
+    /// Arrival rates are multiplied by this (1: "1x" is the nominal capacity). The real-time
+    /// cross-check sets it to the capacity measured on real timers over the nominal one:
+    /// a real `sleep` ends on the timer's next millisecond tick after it is due, so real
+    /// service times are longer than drawn.
+    pub rate_scale: f64,
 }
 
 impl Scenario {
-    /// Workers over mean service time, messages per second: what "1x" is.
+    /// Workers over mean service time, messages per second: what "1x" is (times
+    /// `rate_scale`).
     pub fn capacity_per_s(&self) -> f64 {
-        self.workers as f64 / self.service.mean.as_secs_f64()
+        self.rate_scale * self.workers as f64 / self.service.mean.as_secs_f64()
     }
 
     /// The run's length (arrivals only; the runs then settle).
@@ -144,6 +150,7 @@ fn base(name: &'static str, summary: &'static str, arrival: Arrival) -> Scenario
         memory_budget: None,
         retry_storm: false,
         step: None,
+        rate_scale: 1.0,
     }
 }
 
