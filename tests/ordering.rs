@@ -442,9 +442,11 @@ async fn a_long_run_of_one_keys_messages_shed_in_turn_does_not_grow_the_stack() 
         })
         .unwrap();
     rt.attach(broker.source());
-    while rt.stats().parked < u64::from(RUN) {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    assert!(
+        common::eventually(|| rt.stats().parked == u64::from(RUN)).await,
+        "hang guard: {}",
+        rt.stats()
+    );
     first.add_permits(1);
     rt.wait_idle().await;
     let report = rt.shutdown(Duration::from_secs(5)).await;
