@@ -102,6 +102,8 @@ pub struct QueueDeclareConfig {
     /// `consumer_timeout`). The source then takes it as the timeout it runs under, in place of
     /// [`AmqpSourceConfig::consumer_timeout_ms`]. Allowed `1000..=2147483647`, and only with
     /// `enabled`. Default none.
+    ///
+    /// [`AmqpSourceConfig::consumer_timeout_ms`]: super::AmqpSourceConfig::consumer_timeout_ms
     pub consumer_timeout_ms: Option<u64>,
 }
 
