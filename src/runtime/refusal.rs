@@ -9,6 +9,11 @@
 //! the lower tiers at once behind it ([`refuses_bottom_prefix`](Refusal::refuses_bottom_prefix)).
 //! Adding a reason is adding a variant: the compiler then names every place that must answer
 //! for it.
+//!
+//! A message past its deadline is no refusal: no policy applies to what is useless, so the
+//! gate answers it apart (`gate::Denied::Expired`) and it is settled `Expired`, counted in
+//! `triage_expired_total` and, when it is the first decision about it, as `shed-expired` in the
+//! decision breakdown.
 
 use crate::admission::Decision;
 use crate::queue::RefuseReason;
