@@ -2,6 +2,14 @@
 //! through the [`Recall`] the runtime gave it when attached: those queued, held, parked or on
 //! their way to a handler are released, never served; the handlers already running them are
 //! waited for, within a bound; the other streams' messages go on.
+//!
+//! On tokio's paused clock with the runtime's clock following it, so the counts do not depend
+//! on the machine's load. The source's side of a recall runs on threads of its own, outside
+//! the tokio runtime, as a rebalance callback does: that is what these tests exist to show,
+//! so those threads are real and `Recall::wait_running` waits on the real clock. The test
+//! joins them from tokio's blocking pool, which keeps the paused clock still meanwhile.
+
+mod common;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -113,11 +121,9 @@ impl Broker {
     }
 
     /// `wait_running` on a thread of its own, as a rebalance callback calls it.
-    fn wait_running(&self, stream: u64, bound: Duration) -> tokio::task::JoinHandle<usize> {
+    fn wait_running(&self, stream: u64, bound: Duration) -> std::thread::JoinHandle<usize> {
         let (recall, sink) = (self.recall(), Arc::clone(&self.sink));
-        tokio::spawn(on_own_thread(move || {
-            recall.wait_running(&sink, |t| t.stream == stream, bound)
-        }))
+        std::thread::spawn(move || recall.wait_running(&sink, |t| t.stream == stream, bound))
     }
 
     fn was_released(&self, stream: u64, position: u64) -> bool {
@@ -135,11 +141,16 @@ impl Broker {
 
 /// Runs `f` on a thread outside the tokio runtime (as librdkafka's poll thread is).
 async fn on_own_thread<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.await.expect("the thread panicked")
+    joined(std::thread::spawn(f)).await
+}
+
+/// What `thread` returned, waited for from tokio's blocking pool: the runtime's tasks go on
+/// meanwhile, and the paused clock does not move while a thread outside it works.
+async fn joined<R: Send + 'static>(thread: std::thread::JoinHandle<R>) -> R {
+    tokio::task::spawn_blocking(move || thread.join())
+        .await
+        .expect("the blocking pool's task")
+        .expect("the thread panicked")
 }
 
 /// Every handler call, with whether it had ended.
@@ -170,13 +181,14 @@ fn config(workers: usize) -> RuntimeConfig {
 /// Stream 0's first message of each of two keys runs (held inside the handler), the rest of
 /// those keys is parked; stream 1 runs freely. Revoking stream 0 releases the ten parked at
 /// once, waits for the two running, and serves nothing of stream 0 after; stream 1 completes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_revoked_stream_is_released_and_its_running_handlers_waited_for() {
     let (mut broker, source) = Broker::new();
     let calls = Arc::new(Calls::default());
     let gate = Arc::new(Semaphore::new(0));
     let (c, g) = (Arc::clone(&calls), Arc::clone(&gate));
     let mut runtime = Runtime::builder(config(4))
+        .clock(common::following_tokio())
         .start(move |job: Job<Msg>| {
             let (calls, gate) = (Arc::clone(&c), Arc::clone(&g));
             async move {
@@ -209,11 +221,13 @@ async fn a_revoked_stream_is_released_and_its_running_handlers_waited_for() {
     assert_eq!(broker.released_of(0), 10);
     assert_eq!(runtime.stats().parked, 0);
     let waiting = broker.wait_running(0, Duration::from_secs(60));
-    // It waits while the two run (however long that is): no sooner.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // It waits while the two run (however long that is): no sooner. The wait is on the real
+    // clock, on a thread of its own: it is given real time to return early (the handlers
+    // are gated, so nothing of the runtime's moves meanwhile).
+    std::thread::sleep(Duration::from_millis(50));
     assert!(!waiting.is_finished(), "returned while two handlers ran");
     gate.add_permits(2);
-    assert_eq!(waiting.await.unwrap(), 0, "both handlers finished in time");
+    assert_eq!(joined(waiting).await, 0, "both handlers finished in time");
     // What the wait saw end had ended and was acknowledged.
     let ended: Vec<Msg> = calls.ended.lock().unwrap().clone();
     assert_eq!(ended.iter().filter(|m| m.0 == 0).count(), 2);
@@ -251,7 +265,7 @@ async fn a_revoked_stream_is_released_and_its_running_handlers_waited_for() {
 /// Messages held by the intake (their tier refused under Backpressure) and one that fails
 /// after the revocation and waits for its retry are not where `release_where` looks: they are
 /// released where they move on (the intake's next turn, the retry's dispatch), never served.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn held_and_retrying_messages_of_a_revoked_stream_are_released_where_they_move() {
     let (mut broker, source) = Broker::new();
     let calls = Arc::new(Calls::default());
@@ -267,6 +281,7 @@ async fn held_and_retrying_messages_of_a_revoked_stream_are_released_where_they_
     };
     let (c, g) = (Arc::clone(&calls), Arc::clone(&gate));
     let mut runtime = Runtime::builder(config.clone())
+        .clock(common::following_tokio())
         .start(move |job: Job<Msg>| {
             let (calls, gate) = (Arc::clone(&c), Arc::clone(&g));
             async move {
@@ -327,12 +342,13 @@ async fn held_and_retrying_messages_of_a_revoked_stream_are_released_where_they_
 }
 
 /// A handler that never ends: the wait gives up at its bound and says one still runs.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn the_wait_for_running_handlers_is_bounded() {
     let (mut broker, source) = Broker::new();
     let started = Arc::new(Semaphore::new(0));
     let s = Arc::clone(&started);
     let mut runtime = Runtime::builder(config(1))
+        .clock(common::following_tokio())
         .start(move |_job: Job<Msg>| {
             let started = Arc::clone(&s);
             async move {
@@ -347,13 +363,10 @@ async fn the_wait_for_running_handlers_is_bounded() {
     started.acquire().await.unwrap().forget();
     assert_eq!(broker.revoke(0).await, 0);
     let still = broker.wait_running(0, Duration::from_millis(20));
-    assert_eq!(still.await.unwrap(), 1);
+    assert_eq!(joined(still).await, 1);
     // Another stream's messages are not waited for.
     assert_eq!(
-        broker
-            .wait_running(1, Duration::from_secs(60))
-            .await
-            .unwrap(),
+        joined(broker.wait_running(1, Duration::from_secs(60))).await,
         0
     );
     let report = runtime.shutdown(Duration::from_millis(200)).await;
@@ -366,7 +379,7 @@ async fn the_wait_for_running_handlers_is_bounded() {
 /// refused (its tier shed under Backpressure) and held in a task of the runtime's. Nothing
 /// panics for want of a tokio context; the held message is served later; the taken back one
 /// never.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_key_freed_by_a_recall_offers_its_next_message_from_the_source_thread() {
     let (mut broker, source) = Broker::new();
     let calls = Arc::new(Calls::default());
@@ -375,6 +388,7 @@ async fn a_key_freed_by_a_recall_offers_its_next_message_from_the_source_thread(
     config.policy[Criticality::Sheddable] = RefusalPolicy::Backpressure;
     let (c, g) = (Arc::clone(&calls), Arc::clone(&gate));
     let mut runtime = Runtime::builder(config.clone())
+        .clock(common::following_tokio())
         .start(move |job: Job<Msg>| {
             let (calls, gate) = (Arc::clone(&c), Arc::clone(&g));
             async move {
