@@ -1,7 +1,10 @@
 //! The memory budget under 10x overload: 1 MB payloads against a 64 MB budget, from an
 //! in-memory source that makes each payload when it is pulled (so the process's memory is the
 //! runtime's, not a broker's backlog). In a file of its own so that the process's peak RSS
-//! (`VmHWM`) is this run's.
+//! (`VmHWM`) is this run's. On tokio's paused clock with the runtime's clock following it, so
+//! the figures do not depend on the machine's load.
+
+mod common;
 
 use std::time::Duration;
 
@@ -66,7 +69,7 @@ fn vm_hwm_kb() -> Option<u64> {
 /// Pull-based admission is off and the prefetch is large, so the memory budget is the only
 /// bound on what the intake takes in (with pull-based admission on, the intake keeps only
 /// `prefetch_per_slot ×` the limit queued and the budget is hardly touched).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn bytes_held_never_pass_the_budget_and_tiers_are_refused_in_order() {
     let mut config = RuntimeConfig {
         workers: 2.try_into().unwrap(),
@@ -83,6 +86,7 @@ async fn bytes_held_never_pass_the_budget_and_tiers_are_refused_in_order() {
         RefusalPolicy::Drop,
     );
     let mut rt = Runtime::builder(config)
+        .clock(common::following_tokio())
         .start(|job: Job<Vec<u8>>| async move {
             std::hint::black_box(job.payload().len());
             tokio::time::sleep(Duration::from_millis(25)).await;
