@@ -196,11 +196,13 @@ impl<T> Item<T> {
             last_refusal: None,
             ack: env.ack,
             recall_stamp: 0,
-            cohort: env.cohort.unwrap_or_else(|| {
-                crate::admission::cohort(
-                    env.ordering_key.unwrap_or_else(|| fastrand::u64(..)),
-                    accounts.cohort_period.load(Ordering::Relaxed),
-                )
+            // The ordering key stands for the user; a message with neither is its own user,
+            // in a cohort drawn at random (no clock mixed in: a seeded run stays the same).
+            cohort: env.cohort.unwrap_or_else(|| match env.ordering_key {
+                Some(key) => {
+                    crate::admission::cohort(key, accounts.cohort_period.load(Ordering::Relaxed))
+                }
+                None => fastrand::u8(..crate::admission::COHORTS),
             }),
             accounts: Some(Accounts::share(accounts)),
         }
