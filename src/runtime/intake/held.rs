@@ -10,6 +10,7 @@ use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::item::Item;
 use crate::runtime::patience::{HeldFloor, Waited};
 use crate::runtime::refusal::Refusal;
+use crate::runtime::RefusalPolicy;
 
 /// How recently a source must have delivered a tier for a full held buffer to make room for it
 /// (`HeldBuffer::make_room`), in ns: one second.
@@ -271,7 +272,7 @@ impl<T: Send + Sync + 'static> HeldBuffer<T> {
                 continue;
             }
             let rank = item.tier().rank();
-            if self.refused_now(rank).is_some() {
+            if self.refused_now(rank).is_some() && holds(inner, &item) {
                 self.items.push_back(item);
                 continue;
             }
@@ -294,7 +295,8 @@ impl<T: Send + Sync + 'static> HeldBuffer<T> {
     }
 
     /// Why a message of `rank` would be refused, as one was in the last sweep; `None` if it
-    /// would be offered.
+    /// would be offered. Only a message its policy would hold is held on this answer without
+    /// an offer (see [`holds`]); the others are offered, to go through their own policy.
     pub(crate) fn refused_now(&self, rank: usize) -> Option<Refusal> {
         match self.refused_floor {
             Some((floor, reason)) if rank <= floor => Some(reason),
@@ -335,7 +337,7 @@ impl<T: Send + Sync + 'static> HeldBuffer<T> {
                 *mean - *mean / 8 + slack / 8
             };
         }
-        if let Some(reason) = self.refused_now(rank) {
+        if let Some(reason) = self.refused_now(rank).filter(|_| holds(inner, &item)) {
             inner.signals.held.fetch_add(1, Ordering::Relaxed);
             let mut item = item;
             item.last_refusal = Some(reason);
@@ -376,4 +378,13 @@ impl<T: Send + Sync + 'static> HeldBuffer<T> {
     pub(crate) fn clear(&self) -> bool {
         self.len() == 0 && self.refused_floor.is_none() && self.rate_refused == 0
     }
+}
+
+/// Whether `item`'s tier holds it when refused (Backpressure, after the policy step's own
+/// conversions: a keyed message of a Defer tier, one deferred `max_deferrals` times, a Defer
+/// tier whose sink is failing). Only such a message may wait behind an older refused one
+/// without an offer of its own: a Defer or Drop tier's message behind a held High one must be
+/// deferred or dropped as its policy says, not held until the High one gets in.
+fn holds<T: Send + Sync + 'static>(inner: &Inner<T>, item: &Item<T>) -> bool {
+    inner.policy(item) == RefusalPolicy::Backpressure
 }
