@@ -13,7 +13,7 @@ use quanta::Instant;
 
 use crate::ledger::Disposition;
 use crate::runtime::engine::{Inner, Offer};
-use crate::runtime::item::Item;
+use crate::runtime::item::{Item, Origin};
 use crate::runtime::refusal::Refusal;
 use crate::runtime::settle::Freed;
 use crate::runtime::{DeferReason, RefusalPolicy, Republish};
@@ -87,6 +87,20 @@ impl<T: Send + Sync + 'static> Inner<T> {
     ) -> Offer<T> {
         let tier = item.tier();
         item.last_refusal = Some(reason);
+        if reason == Refusal::TooLarge && item.origin != Origin::Pushed {
+            // Larger than the queue's whole byte budget, it can never be queued: held, it
+            // would wait for ever (pinning its source's position); deferred, it would come back
+            // as large. It goes to the dead-letter path, as a message that can never succeed.
+            // Pushed work is handed back to its caller instead (`SubmitError::Full`).
+            let error = format!(
+                "{} bytes, more than queue.max_bytes ({})",
+                item.size_bytes,
+                self.config().queue.max_bytes.map_or(0, |b| b.get())
+            );
+            let this = Arc::clone(self);
+            self.spawn(async move { this.dead_letter(item, "too_large", error).await });
+            return Offer::Taken;
+        }
         match self.policy(&item) {
             // `DeferOrDrop` is resolved at start-up and never reaches here.
             RefusalPolicy::Drop | RefusalPolicy::DeferOrDrop => {
