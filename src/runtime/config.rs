@@ -82,11 +82,20 @@ impl Default for RetryConfig {
 impl RetryConfig {
     /// The backoff before retry number `retry` (1-based), with full jitter.
     pub fn backoff(&self, retry: u32) -> Duration {
+        self.backoff_within(retry, Duration::MAX)
+    }
+
+    /// The backoff before retry number `retry` (1-based), with full jitter below the lower of
+    /// the exponential bound and `cap`: messages that failed together still retry apart when
+    /// their deadline cuts the wait short (a draw clamped to the cap would put most of them
+    /// on the same instant).
+    pub fn backoff_within(&self, retry: u32, cap: Duration) -> Duration {
         let exp = self
             .base_backoff_ms
             .saturating_mul(1u64 << retry.min(32))
             .min(self.max_backoff_ms);
-        Duration::from_millis(fastrand::u64(0..=exp))
+        let cap_ms = u64::try_from(cap.as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(fastrand::u64(0..=exp.min(cap_ms)))
     }
 
     /// The longest backoff, `max_backoff_ms`, without jitter: how long a message whose

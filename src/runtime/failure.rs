@@ -60,16 +60,15 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// 100 ms, retried after up to 200 ms). The breaker, not the backoff, is what spares a
     /// downstream that fails for load.
     fn retry_backoff(&self, item: &Item<T>) -> std::time::Duration {
-        let backoff = self.config().retry.backoff(item.attempt);
-        match item.deadline() {
-            Some(deadline) => {
-                let left = deadline
+        let cap = item
+            .deadline()
+            .map_or(std::time::Duration::MAX, |deadline| {
+                deadline
                     .saturating_duration_since(self.clock.now())
-                    .saturating_sub(self.signals.mean_service());
-                backoff.min(left / 2)
-            }
-            None => backoff,
-        }
+                    .saturating_sub(self.signals.mean_service())
+                    / 2
+            });
+        self.config().retry.backoff_within(item.attempt, cap)
     }
 
     /// Records `Failed` at once without a dead-letter sink; with one, hands the message to a
