@@ -55,7 +55,8 @@ pub struct Envelope<T> {
     /// tier, it admits whole cohorts of users (see
     /// [`admission::cohort`](crate::admission::cohort)), so the capacity left serves the same
     /// users fully rather than every user partly. Without it the ordering key stands for the
-    /// user, and a message with neither is its own user.
+    /// user, and a message with neither is its own user. A value past `COHORTS` is taken
+    /// modulo `COHORTS`.
     pub cohort: Option<u8>,
 }
 

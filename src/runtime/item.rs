@@ -198,12 +198,18 @@ impl<T> Item<T> {
             recall_stamp: 0,
             // The ordering key stands for the user; a message with neither is its own user,
             // in a cohort drawn at random (no clock mixed in: a seeded run stays the same).
-            cohort: env.cohort.unwrap_or_else(|| match env.ordering_key {
-                Some(key) => {
-                    crate::admission::cohort(key, accounts.cohort_period.load(Ordering::Relaxed))
-                }
-                None => fastrand::u8(..crate::admission::COHORTS),
-            }),
+            // A source's own value is held in range: any value is some cohort, never one
+            // that no admission level can reach.
+            cohort: env
+                .cohort
+                .map(|c| c % crate::admission::COHORTS)
+                .unwrap_or_else(|| match env.ordering_key {
+                    Some(key) => crate::admission::cohort(
+                        key,
+                        accounts.cohort_period.load(Ordering::Relaxed),
+                    ),
+                    None => fastrand::u8(..crate::admission::COHORTS),
+                }),
             accounts: Some(Accounts::share(accounts)),
         }
     }
