@@ -39,7 +39,8 @@ pub struct TriageConfig {
     pub default_tier: Criticality,
     /// How long a request of each tier is useful without a deadline of its own
     /// (`triage-deadline-ms` or `grpc-timeout`): it is answered, never served, once that long
-    /// has passed since it arrived. Allowed 1 ms to 1 hour each. Default 1,000 / 500 / 250 /
+    /// has passed since it arrived. A deadline from a client the classifier does not trust
+    /// may shorten it, never lengthen it. Allowed 1 ms to 1 hour each. Default 1,000 / 500 / 250 /
     /// 100 ms (the worker runtime's overload example uses the same windows).
     pub tier_window: PerTier<Duration>,
     /// The least `Retry-After` for each refusal reason that invites a retry. Allowed 1 s to

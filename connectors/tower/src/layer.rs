@@ -382,7 +382,16 @@ impl Shared {
                 .fetch_add(1, Ordering::Relaxed);
             self.metrics.malformed_deadline.increment(1);
         }
-        let window = classify::remaining(head).unwrap_or(self.config.tier_window[tier]);
+        // A client's own deadline may shorten its tier's window; only a trusted one may
+        // lengthen it (an untrusted `triage-deadline-ms` an hour ahead would otherwise keep a
+        // request queued an hour where its tier's work is useful for 250 ms), as the brokers'
+        // sources read the deadline header only on trusted topics and queues.
+        let tier_window = self.config.tier_window[tier];
+        let window = match classify::remaining(head) {
+            Some(own) if self.classifier.trusts(head) => own,
+            Some(own) => own.min(tier_window),
+            None => tier_window,
+        };
         Decided {
             base,
             tier,

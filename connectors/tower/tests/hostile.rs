@@ -817,3 +817,63 @@ async fn abandoned_waiters_give_their_place_back() {
         0
     );
 }
+
+/// Found by a fresh-user trial: an untrusted client's `triage-deadline-ms` an hour ahead kept
+/// its request waiting an hour where its tier's work is useful for 250 ms. A client's own
+/// deadline may shorten its tier's window; only a trusted one lengthens it.
+#[tokio::test]
+async fn an_untrusted_deadline_cannot_lengthen_the_tier_window() {
+    use std::sync::Arc;
+    use tokio::sync::Semaphore;
+
+    for trusted in [false, true] {
+        let (clock, mock) = triage::quanta::Clock::mock();
+        let gate = Arc::new(Semaphore::new(0));
+        let classifier = Classifier::new().trust_header_when(move |_| trusted);
+        let layer = TriageLayer::builder(TriageConfig::default(), limit(1))
+            .classifier(classifier)
+            .clock(clock)
+            .build()
+            .unwrap();
+        let held = Arc::clone(&gate);
+        let service = layer.layer(service_fn(move |_req: Request<String>| {
+            let held = Arc::clone(&held);
+            async move {
+                held.acquire().await.unwrap().forget();
+                Ok::<_, Infallible>(Response::new(String::from("served")))
+            }
+        }));
+        // The only slot is taken by a request that waits on the gate.
+        let first = tokio::spawn(
+            service
+                .clone()
+                .oneshot(get("/").body(String::new()).unwrap()),
+        );
+        while layer.admission().limit().in_flight() == 0 {
+            tokio::task::yield_now().await;
+        }
+        let hour_ahead = std::time::SystemTime::now() + Duration::from_secs(3600);
+        let second = tokio::spawn(
+            service.clone().oneshot(
+                get("/")
+                    .header(wire::DEADLINE_MS, wire::format_deadline_ms(hour_ahead))
+                    .body(String::new())
+                    .unwrap(),
+            ),
+        );
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        // Past Medium's 250 ms window, well inside the hour.
+        mock.increment(Duration::from_millis(300));
+        gate.add_permits(2);
+        assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+        let res = second.await.unwrap().unwrap();
+        if trusted {
+            assert_eq!(res.status(), StatusCode::OK, "a trusted deadline holds");
+        } else {
+            assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(res.headers()[wire::REASON], "expired");
+        }
+    }
+}
