@@ -10,78 +10,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::FutureRecord;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use triage::ordering::OrderingMode;
 use triage::runtime::{HandlerError, Job, RetryConfig, Runtime, RuntimeConfig};
 use triage_kafka::{KafkaMessage, KafkaSource, KafkaSourceConfig};
 
-use common::{broker_shared, create_topic, rand_name, BROKERS, HANG_GUARD};
+use common::{
+    broker_shared, create_topic, positions, produce_keyed, rand_name, BROKERS, HANG_GUARD,
+};
 
 const KEYS: u32 = 100;
 const PER_KEY: u32 = 200;
 const PARTITIONS: i32 = 4;
 const TOTAL: usize = (KEYS * PER_KEY) as usize;
-
-/// Produces `PER_KEY` rounds over the keys (`k<key>` -> payload `<key>:<seq>`), the default
-/// partitioner spreading the keys over the partitions, idempotent so each key's records keep
-/// their order.
-async fn produce(topic: &str) {
-    let producer: rdkafka::producer::FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", BROKERS)
-        .set("acks", "all")
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .create()
-        .expect("producer");
-    let mut deliveries = Vec::with_capacity(TOTAL);
-    for seq in 0..PER_KEY {
-        for key in 0..KEYS {
-            let (k, payload) = (format!("k{key}"), format!("{key}:{seq}"));
-            deliveries.push(
-                producer
-                    .send_result(FutureRecord::to(topic).key(&k).payload(&payload))
-                    .map_err(|(e, _)| e)
-                    .expect("enqueue"),
-            );
-        }
-    }
-    for d in deliveries {
-        d.await
-            .expect("delivery")
-            .map_err(|(e, _)| e)
-            .expect("produced");
-    }
-}
-
-/// Per partition: (committed position of `group`, high watermark).
-fn positions(group: &str, topic: &str) -> Vec<(i64, i64)> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", BROKERS)
-        .set("group.id", group)
-        .create()
-        .expect("consumer");
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition(topic, p);
-    }
-    let committed = consumer
-        .committed_offsets(tpl, Duration::from_secs(30))
-        .expect("committed offsets");
-    (0..PARTITIONS)
-        .map(|p| {
-            let at = match committed.elements()[p as usize].offset() {
-                Offset::Offset(o) => o,
-                _ => -1,
-            };
-            let (_, high) = consumer
-                .fetch_watermarks(topic, p, Duration::from_secs(30))
-                .expect("watermarks");
-            (at, high)
-        })
-        .collect()
-}
 
 /// Per key, (seq, offset) in completion order.
 type Completions = BTreeMap<u32, Vec<(u32, i64)>>;
@@ -171,7 +111,7 @@ async fn consume(topic: &str, mode: OrderingMode) -> Outcome {
     let reached = tokio::time::timeout(HANG_GUARD, async {
         loop {
             let (g, t) = (g.clone(), t.clone());
-            let at = tokio::task::spawn_blocking(move || positions(&g, &t))
+            let at = tokio::task::spawn_blocking(move || positions(&g, &t, PARTITIONS))
                 .await
                 .unwrap();
             if at.iter().all(|(c, h)| c == h) {
@@ -231,7 +171,7 @@ async fn key_mode_completes_every_key_in_offset_order_and_unordered_does_not() {
     let _broker = broker_shared().await;
     let topic = rand_name("ordering");
     create_topic(&topic, PARTITIONS, &[]).await;
-    produce(&topic).await;
+    produce_keyed(&topic, KEYS, PER_KEY).await;
 
     let keyed = consume(&topic, OrderingMode::Key).await;
     assert_eq!(out_of_order(&keyed), Vec::<u32>::new());

@@ -12,14 +12,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::FutureRecord;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use triage::ordering::OrderingMode;
 use triage::runtime::{HandlerError, Job, Report, Runtime, RuntimeConfig};
 use triage_kafka::{KafkaMessage, KafkaSource, KafkaSourceConfig};
 
-use common::{broker_shared, create_topic, rand_name, BROKERS, HANG_GUARD};
+use common::{
+    broker_shared, create_topic, positions, produce_keyed, rand_name, BROKERS, HANG_GUARD,
+};
 
 const KEYS: u32 = 60;
 const PER_KEY: u32 = 8;
@@ -27,63 +26,6 @@ const PARTITIONS: i32 = 4;
 const TOTAL: usize = (KEYS * PER_KEY) as usize;
 /// Records the first runtime completes alone before the second one joins.
 const BEFORE_JOIN: usize = 48;
-
-/// `PER_KEY` rounds over the keys (`k<key>` -> payload `<key>:<seq>`), spread over the
-/// partitions by the default partitioner, idempotent so each key's records keep their order.
-async fn produce(topic: &str) {
-    let producer: rdkafka::producer::FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", BROKERS)
-        .set("acks", "all")
-        .set("enable.idempotence", "true")
-        .create()
-        .expect("producer");
-    let mut deliveries = Vec::with_capacity(TOTAL);
-    for seq in 0..PER_KEY {
-        for key in 0..KEYS {
-            let (k, payload) = (format!("k{key}"), format!("{key}:{seq}"));
-            deliveries.push(
-                producer
-                    .send_result(FutureRecord::to(topic).key(&k).payload(&payload))
-                    .map_err(|(e, _)| e)
-                    .expect("enqueue"),
-            );
-        }
-    }
-    for d in deliveries {
-        d.await
-            .expect("delivery")
-            .map_err(|(e, _)| e)
-            .expect("produced");
-    }
-}
-
-/// Per partition: (committed position of `group`, high watermark).
-fn positions(group: &str, topic: &str) -> Vec<(i64, i64)> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", BROKERS)
-        .set("group.id", group)
-        .create()
-        .expect("consumer");
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition(topic, p);
-    }
-    let committed = consumer
-        .committed_offsets(tpl, Duration::from_secs(30))
-        .expect("committed offsets");
-    (0..PARTITIONS)
-        .map(|p| {
-            let at = match committed.elements()[p as usize].offset() {
-                Offset::Offset(o) => o,
-                _ => -1,
-            };
-            let (_, high) = consumer
-                .fetch_watermarks(topic, p, Duration::from_secs(30))
-                .expect("watermarks");
-            (at, high)
-        })
-        .collect()
-}
 
 /// One handler call: which runtime, the record, and when it ran.
 #[derive(Clone, Debug)]
@@ -211,7 +153,7 @@ async fn a_joining_runtime_never_overlaps_a_key_with_the_one_it_takes_partitions
     let _broker = broker_shared().await;
     let (topic, group) = (rand_name("rebalance"), rand_name("g-rebalance"));
     create_topic(&topic, PARTITIONS, &[]).await;
-    produce(&topic).await;
+    produce_keyed(&topic, KEYS, PER_KEY).await;
     let calls: Calls = Arc::default();
 
     let mut first = runtime(1, &calls);
@@ -254,7 +196,7 @@ async fn a_joining_runtime_never_overlaps_a_key_with_the_one_it_takes_partitions
     let reached = tokio::time::timeout(HANG_GUARD, async {
         loop {
             let (g, t) = (g.clone(), t.clone());
-            let at = tokio::task::spawn_blocking(move || positions(&g, &t))
+            let at = tokio::task::spawn_blocking(move || positions(&g, &t, PARTITIONS))
                 .await
                 .unwrap();
             if at.iter().all(|(c, h)| c == h) {

@@ -209,3 +209,61 @@ pub async fn take<S: Source<Payload = KafkaMessage>>(
     }
     out
 }
+
+/// `per_key` rounds over `keys` keys (`k<key>` -> payload `<key>:<seq>`), spread over the
+/// partitions by the default partitioner, idempotent so each key's records keep their order.
+pub async fn produce_keyed(topic: &str, keys: u32, per_key: u32) {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", BROKERS)
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer");
+    let mut deliveries = Vec::with_capacity((keys * per_key) as usize);
+    for seq in 0..per_key {
+        for key in 0..keys {
+            let (k, payload) = (format!("k{key}"), format!("{key}:{seq}"));
+            deliveries.push(
+                producer
+                    .send_result(FutureRecord::to(topic).key(&k).payload(&payload))
+                    .map_err(|(e, _)| e)
+                    .expect("enqueue"),
+            );
+        }
+    }
+    for d in deliveries {
+        d.await
+            .expect("delivery")
+            .map_err(|(e, _)| e)
+            .expect("produced");
+    }
+}
+
+/// Per partition `0..partitions`: (committed position of `group`, high watermark).
+pub fn positions(group: &str, topic: &str, partitions: i32) -> Vec<(i64, i64)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", BROKERS)
+        .set("group.id", group)
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let committed = consumer
+        .committed_offsets(tpl, Duration::from_secs(30))
+        .expect("committed offsets");
+    (0..partitions)
+        .map(|p| {
+            let at = match committed.elements()[p as usize].offset() {
+                Offset::Offset(o) => o,
+                _ => -1,
+            };
+            let (_, high) = consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(30))
+                .expect("watermarks");
+            (at, high)
+        })
+        .collect()
+}
