@@ -150,6 +150,10 @@ impl<T> Core<T> {
     /// All-or-nothing: if the room cannot be made, nothing is removed.
     /// On success also says whether the item became its tier's head (the tier was empty), the
     /// only way a push changes the queue ages.
+    ///
+    /// What the push removed goes to `removed` (left as it is when nothing was): the common
+    /// push returns a flag, not the removed items, so that nothing the size of an item is
+    /// moved on its way back.
     #[inline]
     pub(crate) fn push(
         &mut self,
@@ -157,14 +161,14 @@ impl<T> Core<T> {
         meta: Meta,
         now: Instant,
         precise: impl FnOnce() -> Instant,
-    ) -> Result<(Evictions<T>, bool), PushError<T>> {
+        removed: &mut Evictions<T>,
+    ) -> Result<bool, PushError<T>> {
         let size = meta.size_bytes;
         // The common case: room, open, no budget exceeded. One branch, no eviction set built.
         if self.len < self.capacity && !self.closed && size <= self.max_bytes - self.total_bytes {
-            let new_head = self.enqueue(item, meta, now);
-            return Ok((Evictions::none(), new_head));
+            return Ok(self.enqueue(item, meta, now));
         }
-        self.push_slow(item, meta, now, precise)
+        self.push_slow(item, meta, now, precise, removed)
     }
 
     #[inline]
@@ -210,7 +214,8 @@ impl<T> Core<T> {
         meta: Meta,
         now: Instant,
         precise: impl FnOnce() -> Instant,
-    ) -> Result<(Evictions<T>, bool), PushError<T>> {
+        out: &mut Evictions<T>,
+    ) -> Result<bool, PushError<T>> {
         let rank = meta.criticality.rank();
         if self.closed {
             return Err(self.refuse(RefuseReason::Closed, meta.criticality, item));
@@ -256,11 +261,11 @@ impl<T> Core<T> {
             }
         }
         let new_head = self.enqueue(item, meta, now);
-        let removed = match one {
+        *out = match one {
             Some(e) => Evictions::one(Removed::Evicted(e)),
             None => Evictions::from_vec(removed),
         };
-        Ok((removed, new_head))
+        Ok(new_head)
     }
 
     /// The instant at or before which a held deadline has passed, if any held deadline may

@@ -205,14 +205,9 @@ impl<T> WfqQueue<T> {
     /// - [`PushError::Closed`] after [`close`](Self::close).
     #[inline]
     pub fn push(&self, item: T, meta: Meta) -> Result<Evictions<T>, PushError<T>> {
-        let tier = meta.criticality;
-        let level = self.shed_level.load(Ordering::Relaxed);
-        // After `close` the core refuses the push itself, counted like any other refusal.
-        if !admits_at(level, tier) && level != CLOSED_LEVEL {
-            self.overloaded[tier.rank()].fetch_add(1, Ordering::Relaxed);
-            return Err(PushError::Overloaded(item));
-        }
-        self.push_unchecked(item, meta)
+        let mut removed = Evictions::none();
+        self.push_into(item, meta, false, &mut removed)?;
+        Ok(removed)
     }
 
     /// Like [`push`](Self::push), without the queue-age check: for a caller that admits by a
@@ -226,37 +221,62 @@ impl<T> WfqQueue<T> {
     /// As [`push`](Self::push), except [`PushError::Overloaded`].
     #[inline]
     pub fn push_admitted(&self, item: T, meta: Meta) -> Result<Evictions<T>, PushError<T>> {
-        self.push_unchecked(item, meta)
+        let mut removed = Evictions::none();
+        self.push_into(item, meta, true, &mut removed)?;
+        Ok(removed)
     }
 
     /// Like [`push_admitted`](Self::push_admitted), but wakes no consumer: for a consumer that
     /// pushes what it pulled itself and pops right after (the runtime's worker pulling for its
     /// intake, `runtime::intake::PullForIntake`), so that its pushes do not wake others to
-    /// race it for them; a pop that leaves items wakes the next consumer as usual.
+    /// race it for them; a pop that leaves items wakes the next consumer as usual. What the
+    /// push removed goes to `removed`, as with [`push_into`](Self::push_into).
     pub(crate) fn push_admitted_quiet(
         &self,
         item: T,
         meta: Meta,
-    ) -> Result<Evictions<T>, PushError<T>> {
+        removed: &mut Evictions<T>,
+    ) -> Result<(), PushError<T>> {
         let now = self.now();
         let mut st = self.state.lock();
-        let (evicted, _) = st.core.push(item, meta, now, || self.clock.now())?;
+        st.core
+            .push(item, meta, now, || self.clock.now(), removed)?;
         self.changed(&mut st, now);
         drop(st);
-        Ok(evicted)
+        Ok(())
     }
 
+    /// [`push`](Self::push) (`admitted` false) or [`push_admitted`](Self::push_admitted)
+    /// (`admitted` true) for a caller that keeps the removed items in `removed` (left as it is
+    /// when nothing was removed): an item is moved into the queue and nowhere else, where a
+    /// returned [`Evictions`], room for an item inline, is moved on its way back.
     #[inline]
-    fn push_unchecked(&self, item: T, meta: Meta) -> Result<Evictions<T>, PushError<T>> {
+    pub(crate) fn push_into(
+        &self,
+        item: T,
+        meta: Meta,
+        admitted: bool,
+        removed: &mut Evictions<T>,
+    ) -> Result<(), PushError<T>> {
+        if !admitted {
+            let tier = meta.criticality;
+            let level = self.shed_level.load(Ordering::Relaxed);
+            // After `close` the core refuses the push itself, counted like any other refusal.
+            if !admits_at(level, tier) && level != CLOSED_LEVEL {
+                self.overloaded[tier.rank()].fetch_add(1, Ordering::Relaxed);
+                return Err(PushError::Overloaded(item));
+            }
+        }
         let now = self.now();
         let mut st = self.state.lock();
-        let (evicted, _) = st.core.push(item, meta, now, || self.clock.now())?;
+        st.core
+            .push(item, meta, now, || self.clock.now(), removed)?;
         self.changed(&mut st, now);
         drop(st);
         if self.waiters.load(Ordering::Relaxed) > 0 {
             self.wake_one();
         }
-        Ok(evicted)
+        Ok(())
     }
 
     /// The queue's notion of now: recent time while the upkeep thread keeps it fresh, else a

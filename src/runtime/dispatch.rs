@@ -16,6 +16,17 @@ use crate::runtime::settle::Freed;
 use crate::runtime::HandlerError;
 use crate::Criticality;
 
+/// Why [`Inner::dispatch_check`] keeps a popped item from its handler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Barred {
+    /// Its source took it back (see `recall.rs`): released.
+    TakenBack,
+    /// Its deadline passed: expired.
+    Expired,
+    /// Its downstream's circuit admits no call now: refused, by its tier's policy.
+    Circuit,
+}
+
 impl<T: Send + Sync + 'static> Inner<T> {
     /// Whether no tier above `tier` has work queued now, nor had any queued within
     /// `share_reserve_ms` (0: only "now" counts).
@@ -139,27 +150,38 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// then it is released, see `recall.rs`; the worker published it in its slot before); its
     /// deadline, exactly (an item whose deadline passed is never served); its circuit, which
     /// may have opened while it was queued, or be half-open with every probe under way: then
-    /// it is refused here, before a handler call that would be bound to fail. `None`:
-    /// settled, released or handed to its policy here. `Some`: the item and the breaker's call
-    /// to report its outcome to ([`record_downstream`](Self::record_downstream)).
+    /// it is refused, before a handler call that would be bound to fail. `Ok`: serve it, with
+    /// the breaker's call to report its outcome to
+    /// ([`record_downstream`](Self::record_downstream)). `Err`: why not; the caller hands the
+    /// item to [`dispatch_barred`](Self::dispatch_barred). The item is looked at in place, not
+    /// moved, on the way of every served message.
+    #[inline]
     pub(crate) fn dispatch_check(
-        self: &Arc<Self>,
-        mut item: Item<T>,
+        &self,
+        item: &mut Item<T>,
         now: Instant,
-    ) -> Option<(Item<T>, Option<crate::admission::Call>)> {
-        if self.recalls.taken_back(&mut item) {
-            self.release_taken_back_item(item);
-            return None;
+    ) -> Result<Option<crate::admission::Call>, Barred> {
+        if self.recalls.taken_back(item) {
+            return Err(Barred::TakenBack);
         }
-        if let Some(deadline) = item.deadline() {
-            if deadline <= now {
-                self.expire(item);
-                return None;
-            }
+        if item.deadline().is_some_and(|deadline| deadline <= now) {
+            return Err(Barred::Expired);
         }
-        let call = match item.circuit.as_ref().map(|b| self.breakers.try_call(b)) {
-            Some(Some(call)) => Some(call),
-            Some(None) => {
+        match item.circuit.as_ref().map(|b| self.breakers.try_call(b)) {
+            Some(Some(call)) => Ok(Some(call)),
+            Some(None) => Err(Barred::Circuit),
+            None => Ok(None),
+        }
+    }
+
+    /// Settles, releases or hands to its policy an item that
+    /// [`dispatch_check`](Self::dispatch_check) barred from its handler.
+    #[cold]
+    pub(crate) fn dispatch_barred(self: &Arc<Self>, mut item: Item<T>, barred: Barred) {
+        match barred {
+            Barred::TakenBack => self.release_taken_back_item(item),
+            Barred::Expired => self.expire(item),
+            Barred::Circuit => {
                 let tier = item.tier();
                 // Admitted already: counted as withdrawn, not as a second admission decision.
                 if !item.standing.refused() {
@@ -175,11 +197,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
                     }
                 }
                 self.release(freed);
-                return None;
             }
-            None => None,
-        };
-        Some((item, call))
+        }
     }
 
     /// Puts the items of a worker's batch it did not start back at the head of their tiers, as

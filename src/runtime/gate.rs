@@ -52,7 +52,7 @@ use crate::sync::Ordering;
 use std::sync::Arc;
 
 use crate::admission::{admits_at, admits_cohort, Decision, Grant};
-use crate::queue::{Meta, Removed};
+use crate::queue::{Evictions, Meta, Removed};
 use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::item::{Item, Origin};
 use crate::runtime::metric_counts::Counted;
@@ -266,15 +266,17 @@ impl<T: Send + Sync + 'static> Inner<T> {
         let meta = Meta::new(tier)
             .deadline_opt(item.deadline())
             .size_bytes(item.size_bytes);
-        let pushed = if item.origin == Origin::Pushed {
-            self.queue.push(item, meta)
-        } else if quiet {
-            self.queue.push_admitted_quiet(item, meta)
+        // What the push removes to make room comes back here, not in its result: the usual
+        // push, which removes nothing, moves the item into the queue and nothing back.
+        let mut evicted = Evictions::none();
+        let pushed = if quiet && item.origin != Origin::Pushed {
+            self.queue.push_admitted_quiet(item, meta, &mut evicted)
         } else {
-            self.queue.push_admitted(item, meta)
+            let admitted = item.origin != Origin::Pushed;
+            self.queue.push_into(item, meta, admitted, &mut evicted)
         };
         match pushed {
-            Ok(evicted) => {
+            Ok(()) => {
                 // Recent time moves once per millisecond: stored only when it moved, so most
                 // pushes only read a line that every thread's pushes would otherwise write.
                 let now = self.recent_ns().max(1);

@@ -284,7 +284,7 @@ async fn serve<'a, T, H, F>(
     handler: &H,
     local: &mut Local<T>,
     kept: &mut Option<PermitRef<'a>>,
-    item: Item<T>,
+    mut item: Item<T>,
     enqueued_at: Instant,
     mut now: Instant,
 ) -> Instant
@@ -330,13 +330,17 @@ where
     };
     // Published before the check reads the recall generation (see `recall.rs`).
     local.running.enter(&item);
-    let Some((mut item, call)) = inner.dispatch_check(item, now) else {
-        local.running.leave();
-        drop(permit);
-        if local.batch.is_empty() {
-            local.flush(inner);
+    let call = match inner.dispatch_check(&mut item, now) {
+        Ok(call) => call,
+        Err(barred) => {
+            inner.dispatch_barred(item, barred);
+            local.running.leave();
+            drop(permit);
+            if local.batch.is_empty() {
+                local.flush(inner);
+            }
+            return now;
         }
-        return now;
     };
     let job = Job {
         payload: item.share_reusing(&mut local.spare),

@@ -6,7 +6,9 @@ use std::time::Duration;
 use quanta::{Clock, Instant};
 
 use crate::admission::QueueAgeConfig;
-use crate::queue::{Closed, Entry, Meta, PushError, Removed, TryPopError, WfqConfig, WfqQueue};
+use crate::queue::{
+    Closed, Entry, Evictions, Meta, PushError, Removed, TryPopError, WfqConfig, WfqQueue,
+};
 use crate::Criticality;
 
 fn queue(capacity: usize) -> WfqQueue<u32> {
@@ -52,7 +54,7 @@ fn pushes_after_close_are_counted_as_refused_closed() {
         Err(PushError::Closed(2))
     ));
     assert!(matches!(
-        q.push_admitted_quiet(3, Meta::new(Criticality::Sheddable)),
+        q.push_admitted_quiet(3, Meta::new(Criticality::Sheddable), &mut Evictions::none()),
         Err(PushError::Closed(3))
     ));
     let stats = q.stats();
@@ -62,6 +64,27 @@ fn pushes_after_close_are_counted_as_refused_closed() {
     let sheddable = stats.tier(Criticality::Sheddable);
     assert_eq!(sheddable.refused_for(crate::queue::RefuseReason::Closed), 1);
     assert!(stats.balances(), "{stats}");
+}
+
+/// The pushes that leave what they removed in the caller's `removed` (the runtime's) report
+/// the same evictions a returned `Evictions` would, and leave it empty when nothing was removed.
+#[test]
+fn pushes_into_removed_report_their_evictions() {
+    let q = queue(1);
+    let mut removed = Evictions::none();
+    q.push_into(1, Meta::new(Criticality::Sheddable), true, &mut removed)
+        .unwrap();
+    assert!(removed.is_empty());
+    q.push_admitted_quiet(2, Meta::new(Criticality::Critical), &mut removed)
+        .unwrap();
+    let got: Vec<_> = removed.map(|r| (r.is_expired(), r.into_inner())).collect();
+    assert_eq!(got, vec![(false, 1)]);
+    let mut removed = Evictions::none();
+    assert!(matches!(
+        q.push_into(3, Meta::new(Criticality::Sheddable), false, &mut removed),
+        Err(PushError::Full(3))
+    ));
+    assert!(removed.is_empty());
 }
 
 /// A full queue does not evict a live item for one whose own deadline has passed: the
