@@ -31,6 +31,17 @@ pub(crate) struct CostSamples {
 /// 1 ns per refusal on average, and enough samples for a percentile at a few hundred refusals.
 pub(crate) const SAMPLE_EVERY: u64 = 64;
 
+/// While a sample is due, one decision in this many (per thread) is timed. The clock is read
+/// when a decision starts, before anyone knows whether it ends in a refusal: were every
+/// decision timed while a sample is due, a runtime that refuses nothing (a sample due until
+/// its next refusal) would read the clock once per admitted message for nothing.
+pub(crate) const TIME_ONE_IN: u32 = 8;
+
+thread_local! {
+    /// Decisions this thread made while a sample was due (see [`TIME_ONE_IN`]).
+    static DUE_DECISIONS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
 impl CostSamples {
     pub(crate) fn new() -> Self {
         Self {
@@ -39,16 +50,32 @@ impl CostSamples {
         }
     }
 
-    /// Whether the next decision is timed: it is, if it ends in a refusal, one in
-    /// [`SAMPLE_EVERY`] refusals.
+    /// Whether a sample is due: the next timed refusal is stored.
     #[inline]
-    pub(crate) fn sampling(&self) -> bool {
+    fn due(&self) -> bool {
         self.refusals.load(Ordering::Relaxed) % SAMPLE_EVERY == 0
     }
 
+    /// Whether the next decision is timed: while a sample is due, one decision in
+    /// [`TIME_ONE_IN`] on this thread; a sample is due once every [`SAMPLE_EVERY`] refusals.
+    #[inline]
+    pub(crate) fn sampling(&self) -> bool {
+        self.due()
+            && DUE_DECISIONS.with(|n| {
+                let next = n.get().wrapping_add(1);
+                n.set(next);
+                next % TIME_ONE_IN == 0
+            })
+    }
+
     /// Counts one refusal and stores its cost, if it was timed (see [`sampling`](Self::sampling)).
+    /// A refusal that was not timed while a sample was due leaves the count as it is: the
+    /// sample stays due, for the next timed refusal.
     #[inline]
     pub(crate) fn refused(&self, cost: Option<Duration>) {
+        if cost.is_none() && self.due() {
+            return;
+        }
         let seq = self.refusals.fetch_add(1, Ordering::Relaxed);
         if let Some(cost) = cost {
             self.record(seq / SAMPLE_EVERY, cost);
@@ -80,15 +107,27 @@ mod tests {
     fn one_refusal_in_sample_every_is_timed() {
         let s = CostSamples::new();
         let mut timed = 0;
-        for _ in 0..SAMPLE_EVERY * 3 {
+        // A sample is due at the first refusal: the next decision in `TIME_ONE_IN` is timed
+        // (this test's thread has made none before), then `SAMPLE_EVERY - 1` are not.
+        let cycle = u64::from(TIME_ONE_IN) + SAMPLE_EVERY - 1;
+        for _ in 0..cycle * 3 {
             let sampling = s.sampling();
             timed += u64::from(sampling);
             s.refused(sampling.then_some(Duration::from_nanos(100)));
         }
         assert_eq!(timed, 3);
+        assert_eq!(s.refusals.load(Ordering::Relaxed), 3 * SAMPLE_EVERY);
         let mut got = Vec::new();
         s.drain(|d| got.push(d.as_nanos()));
         assert_eq!(got, vec![100, 100, 100]);
+    }
+
+    #[test]
+    fn admitted_decisions_read_the_clock_only_one_in_time_one_in() {
+        let s = CostSamples::new();
+        // Nothing refused: a sample stays due, and one decision in `TIME_ONE_IN` is timed.
+        let timed = (0..TIME_ONE_IN * 10).filter(|_| s.sampling()).count();
+        assert_eq!(timed, 10);
     }
 
     #[test]
