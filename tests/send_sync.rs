@@ -4,8 +4,8 @@
 
 use triage::admission::{
     BorrowChain, BreakerConfig, Breakers, BucketConfig, BucketsConfig, Call, CircuitBreaker,
-    CircuitState, Decision, DecisionCounts, Decisions, Grant, MemoryBudget, MemoryConfig,
-    TierBuckets, TokenBucket,
+    CircuitState, CohortSet, Decision, DecisionCounts, Decisions, Grant, MemoryBudget,
+    MemoryConfig, TierBuckets, TokenBucket,
 };
 use triage::ledger::{AckTracker, Ledger, LedgerSnapshot};
 use triage::limit::{ConcurrencyLimit, Limiter, Permit, TierShares};
@@ -28,6 +28,7 @@ struct Cell(std::cell::Cell<u32>);
 #[test]
 fn public_types_are_send_and_sync() {
     send_sync::<Criticality>();
+    send_sync::<CohortSet>();
     send_sync::<PerTier<u64>>();
     send_sync::<ConfigError>();
     send_sync::<WfqConfig>();

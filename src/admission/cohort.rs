@@ -13,15 +13,17 @@
 //! Here a message's cohort is one of [`COHORTS`] slices of its tier, taken from a stable hash
 //! of its user (or tenant) key and the current rotation period, so that every consumer of a
 //! group, on any machine, puts a user in the same cohort at the same time. Pull-based
-//! admission admits a number of cohorts of the highest refused tier, the share of its
-//! arrival that fits the capacity left ([`PullAdmission::admitted_cohorts`]).
+//! admission admits cohorts of the highest refused tier, in cohort order, while their measured
+//! arrival fits the capacity left ([`PullAdmission::admitted_set`], `cohort_arrival.rs`).
 //!
-//! [`PullAdmission::admitted_cohorts`]: crate::admission::PullAdmission::admitted_cohorts
+//! [`PullAdmission::admitted_set`]: crate::admission::PullAdmission::admitted_set
 
 use std::hash::Hasher;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use siphasher::sip::SipHasher13;
+
+use crate::admission::CohortSet;
 
 /// Cohorts per tier: the resolution of a partial admission, 1/128 of a tier's arrival.
 pub const COHORTS: u8 = 128;
@@ -80,11 +82,11 @@ pub fn cohort(user: u64, period: u64) -> u8 {
 }
 
 /// Whether a message of tier `rank` (0 = Sheddable) in `cohort` is admitted at shed `level`
-/// (tiers with `rank < level` refused) with `admitted` cohorts (`0..=COHORTS`) of the highest
-/// refused tier (`rank == level - 1`) let through.
+/// (tiers with `rank < level` refused) with the cohorts `admitted` of the highest refused tier
+/// (`rank == level - 1`) let through.
 #[inline]
-pub(crate) fn admits(level: u8, admitted: u8, rank: usize, cohort: u8) -> bool {
-    rank >= level as usize || (rank + 1 == level as usize && cohort < admitted)
+pub(crate) fn admits(level: u8, admitted: CohortSet, rank: usize, cohort: u8) -> bool {
+    rank >= level as usize || (rank + 1 == level as usize && admitted.contains(cohort))
 }
 
 #[cfg(test)]
@@ -123,13 +125,18 @@ mod tests {
     #[test]
     fn admits_whole_tiers_above_and_the_first_cohorts_of_the_boundary() {
         // Level 2: Sheddable (0) and Medium (1) refused; 10 cohorts of Medium admitted.
-        assert!(admits(2, 10, 3, 127));
-        assert!(admits(2, 10, 2, 127));
-        assert!(admits(2, 10, 1, 9));
-        assert!(!admits(2, 10, 1, 10));
-        assert!(!admits(2, 10, 0, 0));
-        assert!(admits(0, 0, 0, 127));
-        assert!(!admits(1, 0, 0, 0));
-        assert!(admits(1, COHORTS, 0, COHORTS - 1));
+        let ten = CohortSet::first(10);
+        let none = CohortSet::default();
+        assert!(admits(2, ten, 3, 127));
+        assert!(admits(2, ten, 2, 127));
+        assert!(admits(2, ten, 1, 9));
+        assert!(!admits(2, ten, 1, 10));
+        assert!(!admits(2, ten, 0, 0));
+        assert!(admits(0, none, 0, 127));
+        assert!(!admits(1, none, 0, 0));
+        assert!(admits(1, CohortSet::first(COHORTS), 0, COHORTS - 1));
+        // A set with a gap: the heavy cohort 0 skipped.
+        let skipped = CohortSet::default().with(1).with(70);
+        assert!(!admits(2, skipped, 1, 0) && admits(2, skipped, 1, 70));
     }
 }

@@ -59,6 +59,8 @@ mod bucket;
 mod bucket_config;
 mod buckets;
 mod cohort;
+mod cohort_arrival;
+mod cohort_set;
 mod config;
 mod decision;
 mod memory;
@@ -75,6 +77,8 @@ pub use bucket_config::{BorrowChain, BucketConfig, BucketsConfig, MAX_BURST, MAX
 pub use buckets::{Grant, TierBuckets};
 pub(crate) use cohort::admits as admits_cohort;
 pub use cohort::{cohort, rotation_period, user_hash, COHORTS, ROTATION};
+pub use cohort_arrival::{CohortPulls, PARTIAL_TIERS};
+pub use cohort_set::CohortSet;
 pub use config::{QueueAgeConfig, MAX_CUTOFF_MS};
 pub use decision::{Decision, DecisionCounts, Decisions};
 pub use memory::MemoryBudget;

@@ -3,7 +3,8 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use crate::admission::{PullAdmissionConfig, COHORTS};
+use crate::admission::cohort_arrival::CohortArrival;
+use crate::admission::{CohortPulls, CohortSet, PullAdmissionConfig};
 use crate::Criticality;
 
 /// One reading of a runtime's cumulative counters, taken every `tick_ms`.
@@ -91,9 +92,9 @@ pub struct PullSample {
 ///   the highest tiers whose combined arrival fits `headroom × C` (default 0.95) stay
 ///   admitted and the rest are refused, from Sheddable up: a bottom prefix of the ladder, as
 ///   with queue age. Critical is never refused by this rule. Of the highest refused tier,
-///   the cohorts (slices of its users, see [`admitted_cohorts`](Self::admitted_cohorts))
-///   that fit the capacity left are admitted, re-evaluated every tick: the excess is refused,
-///   no more, and always from the same users.
+///   the cohorts (slices of its users, see [`admitted_set`](Self::admitted_set)) whose
+///   measured arrival fits the capacity left are admitted, re-evaluated every tick: the
+///   excess is refused, no more, and always from the same users.
 /// - **Recovery** is bottom-up: the level falls to the lowest level at which the admitted
 ///   arrival fits `headroom × C`, or fits `overload_ratio × C` over both windows with no
 ///   miss predicted for its lowest tier, once that has held for `recover_ms`. The gap between
@@ -179,8 +180,12 @@ pub struct PullAdmission {
     lag: f64,
     waiting: f64,
     level: u8,
-    /// Cohorts of the highest refused tier admitted (`0..=COHORTS`; 0 at level 0).
-    cohorts: u8,
+    /// Cohorts of the highest refused tier admitted (none at level 0), and the level they
+    /// were chosen at.
+    cohorts: CohortSet,
+    cohorts_level: u8,
+    /// Each partly admissible tier's pulls per cohort, over the longer window.
+    cohort_arrival: CohortArrival,
     /// Since when the level has been allowed to fall.
     fitting_since: Option<Duration>,
 }
@@ -202,7 +207,9 @@ impl PullAdmission {
             lag: 0.0,
             waiting: 0.0,
             level: 0,
-            cohorts: 0,
+            cohorts: CohortSet::default(),
+            cohorts_level: 0,
+            cohort_arrival: CohortArrival::default(),
             fitting_since: None,
         }
     }
@@ -212,8 +219,19 @@ impl PullAdmission {
         self.config = config.clone();
         if !config.enabled {
             self.level = 0;
-            self.cohorts = 0;
+            self.cohorts = CohortSet::default();
         }
+    }
+
+    /// Feeds what the runtime pulled per cohort of each tier that can be admitted in part,
+    /// cumulative since start, read at `at` (the instant of the [`PullSample`] fed next with
+    /// [`observe`](Self::observe)). Without it, the cohorts admitted of the highest refused
+    /// tier are its first `share × COHORTS`, as if its users were spread evenly over them;
+    /// with it, those whose measured arrival fits the capacity left (see
+    /// [`admitted_set`](Self::admitted_set)).
+    pub fn observe_cohorts(&mut self, at: Duration, pulled: &CohortPulls) {
+        let span = Duration::from_millis(self.config.window_ms.max(self.config.sustained_ms));
+        self.cohort_arrival.record(at, pulled, span);
     }
 
     /// The newest kept sample at least `span` older than `now`, else the oldest kept.
@@ -286,7 +304,7 @@ impl PullAdmission {
         self.waiting = sample.waiting as f64;
         if !self.config.enabled {
             self.level = 0;
-            self.cohorts = 0;
+            self.cohorts = CohortSet::default();
             return 0;
         }
         let Some(capacity) = self.capacity else {
@@ -320,23 +338,29 @@ impl PullAdmission {
             self.fitting_since = None;
         }
         self.cohorts = self.partial(capacity);
+        self.cohorts_level = self.level;
         self.level
     }
 
-    /// The cohorts of the highest refused tier that fit the capacity the admitted tiers leave
-    /// within `headroom ×` capacity: that tier's share of the excess is refused, no more.
-    fn partial(&self, capacity: f64) -> u8 {
+    /// The cohorts of the highest refused tier whose measured arrival fits the capacity the
+    /// admitted tiers leave within `headroom ×` capacity: that tier's share of the excess is
+    /// refused, no more (see `cohort_arrival.rs`). The cohorts admitted at this level stay
+    /// while they carry the capacity left within half the headroom's margin, so that noise in
+    /// the estimate does not move the users at the edge in and out.
+    fn partial(&self, capacity: f64) -> CohortSet {
         let Some(boundary) = (self.level as usize).checked_sub(1) else {
-            return 0;
+            return CohortSet::default();
         };
         let total: f64 = self.rates.iter().sum();
         let own = self.arrival * self.rates[boundary] / total;
         if total <= 0.0 || own <= 0.0 {
-            return 0;
+            return CohortSet::default();
         }
         let left = capacity * self.config.headroom - self.arrival * self.admitted_share(self.level);
-        let share = (left / own).clamp(0.0, 1.0);
-        (share * f64::from(COHORTS)).floor() as u8
+        let band = capacity * (1.0 - self.config.headroom) / 2.0 / own;
+        let current = (self.cohorts_level == self.level).then_some(self.cohorts);
+        self.cohort_arrival
+            .choose(boundary, left / own, band, current)
     }
 
     /// The share of the arrival of the tiers admitted at `level` (1.0 at level 0).
@@ -420,12 +444,22 @@ impl PullAdmission {
         tier.rank() >= self.level as usize
     }
 
-    /// Cohorts (`0..=`[`COHORTS`]) of the highest refused tier (`rank() == level - 1`)
-    /// admitted all the same: that tier's arrival times `cohorts / COHORTS` is what fits the
-    /// capacity the admitted tiers leave (within `headroom`). A message of that tier is
-    /// admitted when its [`cohort`](crate::admission::cohort) is below it, so the capacity
-    /// left serves the same users fully (see `cohort.rs`). 0 at level 0.
+    /// How many cohorts (`0..=`[`COHORTS`](crate::admission::COHORTS)) of the highest
+    /// refused tier are admitted all the same: the size of [`admitted_set`](Self::admitted_set).
+    /// 0 at level 0.
     pub fn admitted_cohorts(&self) -> u8 {
+        self.cohorts.len()
+    }
+
+    /// The cohorts of the highest refused tier (`rank() == level - 1`) admitted all the same:
+    /// taken in cohort order while their arrival, measured per cohort (see
+    /// [`observe_cohorts`](Self::observe_cohorts)), fits the capacity the admitted tiers leave
+    /// (within `headroom`); a cohort that alone would pass it (a heavy tenant's) is skipped.
+    /// A message of that tier is admitted when its [`cohort`](crate::admission::cohort) is in
+    /// the set, so the capacity left serves the same users fully (see `cohort.rs`). Cohorts
+    /// with no measured arrival are in it (they cost nothing until their users appear, and
+    /// are measured from then on). Empty at level 0.
+    pub fn admitted_set(&self) -> CohortSet {
         self.cohorts
     }
 

@@ -1,6 +1,7 @@
 //! Unit tests of `admission::pull`, beside it so that its file holds the code.
 
 use super::*;
+use crate::admission::COHORTS;
 
 fn ms(v: u64) -> Duration {
     Duration::from_millis(v)
@@ -310,4 +311,98 @@ fn disabled_never_sheds() {
     };
     drive(&mut a, &mut s, 20, 8000.0, 800.0);
     assert_eq!(a.level(), 0);
+}
+
+/// As [`drive`], feeding the pulls per cohort too: of Medium's, `weight(c)` parts in cohort
+/// `c` (Sheddable's and High's spread evenly). `acc` carries the fractions between ticks.
+#[allow(clippy::too_many_arguments)]
+fn drive_cohorts(
+    a: &mut PullAdmission,
+    s: &mut PullSample,
+    pulls: &mut CohortPulls,
+    acc: &mut [[f64; COHORTS as usize]; 3],
+    ticks: u64,
+    rate: f64,
+    pull: f64,
+    weight: impl Fn(usize) -> f64,
+) {
+    let mix = [0.4, 0.3, 0.2];
+    let total: f64 = (0..COHORTS as usize).map(&weight).sum();
+    for _ in 0..ticks {
+        for (r, share) in mix.iter().enumerate() {
+            for c in 0..COHORTS as usize {
+                let part = if r == 1 {
+                    weight(c) / total
+                } else {
+                    1.0 / 128.0
+                };
+                acc[r][c] += pull * share / 10.0 * part;
+                let whole = acc[r][c].floor();
+                acc[r][c] -= whole;
+                pulls[r][c] += whole as u64;
+            }
+        }
+        a.observe_cohorts(s.at + ms(100), pulls);
+        drive(a, s, 1, rate, pull);
+    }
+}
+
+#[test]
+fn a_heavy_tenant_cohort_is_skipped_and_the_light_cohorts_carry_the_capacity_left() {
+    // 2.5x: 160/s left of Medium's 600/s, of which one tenant in cohort 0 sends 70 % (420/s,
+    // more than the capacity left by itself) and the others 180/s over 127 cohorts.
+    let (mut a, mut s) = fresh();
+    let mut pulls = [[0u64; COHORTS as usize]; 3];
+    let mut acc = [[0.0; COHORTS as usize]; 3];
+    let heavy = |c: usize| if c == 0 { 0.7 * 127.0 / 0.3 } else { 1.0 };
+    drive_cohorts(
+        &mut a, &mut s, &mut pulls, &mut acc, 40, 2000.0, 800.0, heavy,
+    );
+    let set = a.admitted_set();
+    assert_eq!(a.level(), 2);
+    assert!(!set.contains(0), "the tenant's cohort admitted: {set:?}");
+    // 160/s of 180/s over 127 light cohorts (1.42/s each): the first ones, carrying the
+    // capacity left within the margin the set is kept in (half the headroom's, 20/s).
+    let carried = 180.0 * f64::from(set.len()) / 127.0;
+    assert!(
+        (138.0..=182.0).contains(&carried),
+        "{carried}/s admitted of 160/s left"
+    );
+    assert!((1..=set.len()).all(|c| set.contains(c)), "{set:?}");
+    // Without the per-cohort counts, the first 34 cohorts: the tenant's among them, 420/s
+    // and more admitted where 160/s fit.
+    let (mut b, mut t) = fresh();
+    drive(&mut b, &mut t, 40, 2000.0, 800.0);
+    assert!(b.admitted_set().contains(0) && b.admitted_cohorts() == 34);
+}
+
+#[test]
+fn the_admitted_cohorts_hold_through_noise_in_the_estimate() {
+    // 2.5x with users spread evenly, the arrival 2 % above or below for half a second at a
+    // time: the capacity left (a small difference of two estimates) moves by several
+    // cohorts' arrival, the admitted set does not.
+    let (mut a, mut s) = fresh();
+    let mut pulls = [[0u64; COHORTS as usize]; 3];
+    let mut acc = [[0.0; COHORTS as usize]; 3];
+    let even = |_: usize| 1.0;
+    drive_cohorts(
+        &mut a, &mut s, &mut pulls, &mut acc, 30, 2000.0, 800.0, even,
+    );
+    let settled = a.admitted_set();
+    assert_eq!(a.level(), 2);
+    assert!((30..=38).contains(&settled.len()), "{settled:?}");
+    for tick in 0..30 {
+        let rate = if tick / 5 % 2 == 0 { 1960.0 } else { 2040.0 };
+        drive_cohorts(&mut a, &mut s, &mut pulls, &mut acc, 1, rate, 800.0, even);
+        assert_eq!(a.admitted_set(), settled, "tick {tick}");
+    }
+    // A lasting change past the margin moves it: 3x leaves 40/s of Medium's 720/s.
+    drive_cohorts(
+        &mut a, &mut s, &mut pulls, &mut acc, 20, 2400.0, 800.0, even,
+    );
+    assert!(
+        (5..=8).contains(&a.admitted_cohorts()),
+        "{}",
+        a.admitted_cohorts()
+    );
 }

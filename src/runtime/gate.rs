@@ -166,8 +166,16 @@ impl<T: Send + Sync + 'static> Checks for Against<'_, T> {
 
     #[inline]
     fn shed_admits(&self, tier: Criticality) -> bool {
-        let (level, cohorts) = self.inner.signals.shed();
-        admits_cohort(level, cohorts, tier.rank(), self.item.cohort)
+        let level = self.inner.signals.shed_level();
+        let rank = tier.rank();
+        // The set is read only for the tier admitted in part.
+        rank >= usize::from(level)
+            || admits_cohort(
+                level,
+                self.inner.signals.cohort_set(),
+                rank,
+                self.item.cohort,
+            )
     }
 
     fn workers_busy(&self) -> bool {

@@ -239,7 +239,11 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// hands back a backlog and pulls it again would read as arrival beyond capacity.
     fn unpull(&self, item: &Item<T>) {
         if item.origin == Origin::Pulled {
-            self.signals.measured.local().pulled[item.original.rank()].sub(1, Ordering::Relaxed);
+            let measured = self.signals.measured.local();
+            measured.pulled[item.original.rank()].sub(1, Ordering::Relaxed);
+            measured
+                .cohort_pulled
+                .add(item.original.rank(), item.cohort, u64::MAX);
         }
     }
 }

@@ -57,6 +57,10 @@ impl<T: Send + Sync + 'static> Inner<T> {
                     Duration::from_micros(measured.sum(|m| &m.slack_us[r]))
                 }),
             };
+            let cohort_pulled = std::array::from_fn(|r| {
+                std::array::from_fn(|c| measured.sum(|m| &m.cohort_pulled.0[r][c]))
+            });
+            pull.observe_cohorts(sample.at, &cohort_pulled);
             let level = pull.observe(&sample);
             // The work ahead of a drain: the sources' lag and what is pulled and waiting.
             let ahead = sample.lag.unwrap_or(0).saturating_add(sample.waiting);
@@ -78,7 +82,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 wait = ?pull.predicted_wait(),
                 "pull-based admission tick"
             );
-            let was = self.signals.set_shed(level, pull.admitted_cohorts());
+            let was = self.signals.set_shed(level, pull.admitted_set());
             if level == 0 {
                 self.signals
                     .shedding_since_ns

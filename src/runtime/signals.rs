@@ -6,6 +6,8 @@ use crate::sync::{AtomicBool, AtomicI64, AtomicU16, AtomicU64, Count, Ordering, 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::admission::{CohortSet, COHORTS, PARTIAL_TIERS};
+
 /// Measured per message, concluded per tick.
 #[derive(Default)]
 pub(crate) struct Signals {
@@ -14,6 +16,11 @@ pub(crate) struct Signals {
     /// the same (low byte, `0..=COHORTS`), in one word so the gate reads a consistent pair.
     /// Written by the sampler.
     shed: AtomicU16,
+    /// Which cohorts of the highest refused tier are admitted (a `CohortSet` in two words,
+    /// low cohorts first), written by the sampler just before `shed`. A message judged
+    /// while a tick's update is under way may see one tick's set with the other's level:
+    /// one decision at the edge of a tick, either way.
+    cohort_set: [AtomicU64; 2],
     /// When pull admission's level last rose from 0 (ns since the runtime's origin;
     /// `u64::MAX` while it is 0): how long the current shedding episode has lasted. Written by
     /// the sampler.
@@ -46,12 +53,41 @@ pub(crate) struct Measured {
     /// misses from.
     pub(crate) pulled_with_deadline: [Count; 4],
     pub(crate) slack_us: [Count; 4],
+    /// Messages pulled from non-drain sources per cohort of each tier that can be admitted
+    /// in part (a wrapping count, as `pulled`): which cohorts carry the capacity left.
+    pub(crate) cohort_pulled: CohortCounts,
     /// Handler runs finished, and their summed run time in ns: the capacity estimate.
     pub(crate) served: Count,
     pub(crate) busy_ns: Count,
     /// When each tier (rank) last had an item queued, ns since the runtime's origin (0: never):
     /// the latest of the copies.
     pub(crate) last_work_ns: [Count; 4],
+}
+
+/// Pulls per cohort of each tier that can be admitted in part (rank, then cohort).
+pub(crate) struct CohortCounts(pub(crate) [[Count; COHORTS as usize]; PARTIAL_TIERS]);
+
+impl Default for CohortCounts {
+    fn default() -> Self {
+        CohortCounts(std::array::from_fn(|_| {
+            std::array::from_fn(|_| Count::default())
+        }))
+    }
+}
+
+impl CohortCounts {
+    /// Counts one pulled message of tier `rank` in `cohort` (`n` = 1) or one taken back
+    /// (`n` = `u64::MAX`, wrapping): nothing for Critical, never admitted in part.
+    #[inline]
+    pub(crate) fn add(&self, rank: usize, cohort: u8, n: u64) {
+        if let Some(count) = self
+            .0
+            .get(rank)
+            .and_then(|tier| tier.get(usize::from(cohort)))
+        {
+            count.add(n, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Signals {
@@ -76,9 +112,23 @@ impl Signals {
         ((v >> 8) as u8, v as u8)
     }
 
+    /// The cohorts of the highest refused tier admitted (see `admission::cohort_arrival`).
+    #[inline]
+    pub(crate) fn cohort_set(&self) -> CohortSet {
+        CohortSet::from_words([
+            self.cohort_set[0].load(Ordering::Relaxed),
+            self.cohort_set[1].load(Ordering::Relaxed),
+        ])
+    }
+
     /// Stores a new shed level and admitted cohorts; returns the previous level.
-    pub(crate) fn set_shed(&self, level: u8, cohorts: u8) -> u8 {
-        let v = (u16::from(level) << 8) | u16::from(cohorts);
+    pub(crate) fn set_shed(&self, level: u8, cohorts: CohortSet) -> u8 {
+        for (slot, word) in self.cohort_set.iter().zip(cohorts.to_words()) {
+            if slot.load(Ordering::Relaxed) != word {
+                slot.store(word, Ordering::Relaxed);
+            }
+        }
+        let v = (u16::from(level) << 8) | u16::from(cohorts.len());
         (self.shed.swap(v, Ordering::Relaxed) >> 8) as u8
     }
 

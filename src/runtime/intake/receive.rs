@@ -63,6 +63,7 @@ pub(crate) fn receive<T: Send + Sync + 'static>(
     } else {
         let measured = inner.signals.measured.local();
         measured.pulled[tier.rank()].add(1, Ordering::Relaxed);
+        measured.cohort_pulled.add(tier.rank(), item.cohort, 1);
         // The deadline slack it arrives with: what admission predicts deadline misses from.
         // In µs, at most `u32::MAX` (71 minutes) each, so the sum lasts 4 billion messages.
         if let Some(deadline) = item.deadline() {

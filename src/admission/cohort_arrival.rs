@@ -1,0 +1,191 @@
+//! The measured spread of a tier's arrival over its cohorts: which cohorts of a partly
+//! admitted tier carry the capacity left.
+//!
+//! The share of a tier that fits the capacity left says how much of its arrival to admit,
+//! not which cohorts carry it: users are not spread evenly over cohorts, and one tenant
+//! carrying most of a tier is one user in one cohort. Admitting the first `share × COHORTS`
+//! cohorts over-admits the tier whenever that tenant's cohort is among them (the excess runs
+//! late, work done for nothing) and under-admits it when the first cohorts are light. So the
+//! runtime counts what it pulls of each tier per cohort (admitted or refused alike), and the
+//! cohorts are admitted in their order (the hour's rotation, `cohort.rs`) for as long as their
+//! measured arrival fits: a cohort that alone would pass the capacity left is skipped, and the
+//! lighter ones after it fill the rest. Whatever the spread, the admitted arrival is the
+//! capacity left, and it is measured again every tick: a tenant that grows is seen within the
+//! window.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::admission::{CohortSet, COHORTS};
+
+/// Tiers that can be admitted in part, by rank: Sheddable, Medium and High (Critical is never
+/// refused).
+pub const PARTIAL_TIERS: usize = 3;
+
+/// Messages pulled since start per cohort of each tier that can be admitted in part (indexed
+/// by [`Criticality::rank`](crate::Criticality::rank), then cohort), as the runtime counts
+/// them for [`PullAdmission::observe_cohorts`](crate::admission::PullAdmission::observe_cohorts).
+pub type CohortPulls = [[u64; COHORTS as usize]; PARTIAL_TIERS];
+
+/// The per-cohort pulls kept over a window, and the choice of cohorts from them.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CohortArrival {
+    /// Cumulative pulls per cohort with when they were read, oldest first.
+    samples: VecDeque<(Duration, Box<CohortPulls>)>,
+}
+
+impl CohortArrival {
+    /// Keeps a reading at `at`, and the newest reading at least `span` older (the window).
+    pub(crate) fn record(&mut self, at: Duration, pulled: &CohortPulls, span: Duration) {
+        self.samples.push_back((at, Box::new(*pulled)));
+        while self.samples.len() > 2
+            && self
+                .samples
+                .get(1)
+                .is_some_and(|(t, _)| at.saturating_sub(*t) >= span)
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    /// Pulls of tier `rank` per cohort over the window, or `None` when there were none (or no
+    /// window yet).
+    fn window(&self, rank: usize) -> Option<[u64; COHORTS as usize]> {
+        let ((_, first), (_, last)) = (self.samples.front()?, self.samples.back()?);
+        let (first, last) = (first.get(rank)?, last.get(rank)?);
+        // A message handed back is counted out again: a cohort's count may fall a little
+        // within the window, never below none.
+        let counts: [u64; COHORTS as usize] =
+            std::array::from_fn(|c| (last[c].wrapping_sub(first[c]) as i64).max(0) as u64);
+        (counts.iter().sum::<u64>() > 0).then_some(counts)
+    }
+
+    /// The cohorts of tier `rank` to admit so that their measured share of the tier's arrival
+    /// is `share` (the capacity left over the tier's arrival; any value, clamped), taken in
+    /// cohort order, a cohort that would pass `share` skipped.
+    ///
+    /// `current` (the cohorts admitted now, of the same tier) is kept while its measured
+    /// share stays within `band` of `share`: the estimate of the capacity left is a small
+    /// difference of two noisy rates, and a set that follows each tick's noise would serve the
+    /// users of its last cohorts in part. Without a measured arrival (none of the tier pulled
+    /// in the window), the first `share × COHORTS` cohorts, as if users were spread evenly.
+    pub(crate) fn choose(
+        &self,
+        rank: usize,
+        share: f64,
+        band: f64,
+        current: Option<CohortSet>,
+    ) -> CohortSet {
+        let Some(counts) = self.window(rank) else {
+            return CohortSet::first((share.clamp(0.0, 1.0) * f64::from(COHORTS)).floor() as u8);
+        };
+        let total = counts.iter().sum::<u64>() as f64;
+        if let Some(current) = current {
+            let carried: u64 = (0..COHORTS)
+                .filter(|&c| current.contains(c))
+                .map(|c| counts[usize::from(c)])
+                .sum();
+            if (carried as f64 / total - share).abs() <= band {
+                return current;
+            }
+        }
+        let budget = share * total;
+        let mut set = CohortSet::default();
+        let mut taken = 0u64;
+        for c in 0..COHORTS {
+            let n = counts[usize::from(c)];
+            if (taken + n) as f64 <= budget {
+                taken += n;
+                set = set.with(c);
+            }
+        }
+        set
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
+    /// A window of one second over which Medium (rank 1) pulled `per_cohort[c]` of cohort `c`.
+    fn measured(per_cohort: impl Fn(usize) -> u64) -> CohortArrival {
+        let mut a = CohortArrival::default();
+        let zero = [[0u64; COHORTS as usize]; PARTIAL_TIERS];
+        let mut after = zero;
+        for (c, n) in after[1].iter_mut().enumerate() {
+            *n = per_cohort(c);
+        }
+        a.record(ms(0), &zero, ms(3000));
+        a.record(ms(1000), &after, ms(3000));
+        a
+    }
+
+    #[test]
+    fn an_even_spread_admits_the_first_cohorts() {
+        let a = measured(|_| 10);
+        assert_eq!(a.choose(1, 0.25, 0.0, None), CohortSet::first(32));
+        assert_eq!(a.choose(1, 1.0, 0.0, None), CohortSet::first(COHORTS));
+        assert_eq!(a.choose(1, -0.2, 0.0, None), CohortSet::default());
+    }
+
+    #[test]
+    fn a_heavy_cohort_is_skipped_and_lighter_ones_fill_the_rest() {
+        // Cohort 0 carries 70 % of the tier (one tenant); the others 0.3 / 127 each.
+        let a = measured(|c| if c == 0 { 127 * 70 } else { 30 });
+        let total = 127.0 * 100.0;
+        let set = a.choose(1, 0.2667, 0.0, None);
+        assert!(!set.contains(0), "{set:?}");
+        // 0.2667 of the tier is 3,387 messages: 112 light cohorts of 30.
+        assert_eq!(set, (1..=112).fold(CohortSet::default(), CohortSet::with));
+        let carried = f64::from(set.len()) * 30.0 / total;
+        assert!(carried <= 0.2667 && carried > 0.26, "{carried}");
+        // With room for the tenant, it is admitted first, as its cohort's place says.
+        let set = a.choose(1, 0.8, 0.0, None);
+        assert!(
+            set.contains(0) && set.contains(1) && !set.contains(100),
+            "{set:?}"
+        );
+    }
+
+    #[test]
+    fn the_admitted_set_holds_while_it_carries_the_share_within_the_band() {
+        let a = measured(|_| 10);
+        let current = CohortSet::first(32); // a share of 0.25
+        assert_eq!(a.choose(1, 0.27, 0.025, Some(current)), current);
+        assert_eq!(a.choose(1, 0.23, 0.025, Some(current)), current);
+        // Past the band either way, chosen again.
+        assert_eq!(a.choose(1, 0.3, 0.025, Some(current)), CohortSet::first(38));
+        assert_eq!(a.choose(1, 0.2, 0.025, Some(current)), CohortSet::first(25));
+    }
+
+    #[test]
+    fn without_a_measured_arrival_users_are_taken_as_spread_evenly() {
+        let a = CohortArrival::default();
+        assert_eq!(a.choose(1, 0.5, 0.0, None), CohortSet::first(64));
+        // Another tier measured, this one not pulled in the window (its topic paused).
+        let a = measured(|_| 10);
+        assert_eq!(a.choose(0, 0.25, 0.0, None), CohortSet::first(32));
+    }
+
+    #[test]
+    fn the_window_forgets_readings_older_than_its_span() {
+        let mut a = CohortArrival::default();
+        let mut pulls = [[0u64; COHORTS as usize]; PARTIAL_TIERS];
+        // For 3 s cohort 0 carries everything, then for 3 s every cohort evenly.
+        for tick in 0..=60u64 {
+            if tick > 0 && tick <= 30 {
+                pulls[1][0] += 128;
+            } else if tick > 30 {
+                for n in &mut pulls[1] {
+                    *n += 1;
+                }
+            }
+            a.record(ms(100 * tick), &pulls, ms(3000));
+        }
+        assert_eq!(a.choose(1, 0.5, 0.0, None), CohortSet::first(64));
+    }
+}
