@@ -68,6 +68,7 @@ mod memory_config;
 mod pull;
 mod pull_config;
 mod queue_age;
+mod queue_bound;
 
 pub use breaker::{CircuitBreaker, CircuitState};
 pub use breaker_config::BreakerConfig;
@@ -87,3 +88,4 @@ pub use pull::{PullAdmission, PullSample};
 pub use pull_config::PullAdmissionConfig;
 pub(crate) use queue_age::admits_at;
 pub use queue_age::QueueAgeAdmission;
+pub use queue_bound::{derived_bounds, derived_lookahead, SLACK_SHARE};

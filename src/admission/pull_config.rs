@@ -63,6 +63,18 @@ pub struct PullAdmissionConfig {
     /// intake pulls ahead to reach more important work behind the refused tiers. Allowed
     /// `1..=1000`. Default `2`.
     pub prefetch_per_slot: usize,
+    /// Whether the queue's bounds for pulled work are derived from what the workers clear in
+    /// time: a message of a tier is queued while the queue holds fewer than the measured
+    /// capacity times a quarter of that tier's mean deadline slack, never fewer than the
+    /// prefetch (see [`derived_bounds`](super::derived_bounds)); past it, it evicts a lower
+    /// tier or is refused as into a full queue. Then `queue.capacity` is only a memory
+    /// ceiling. Likewise, in key mode, how far the intake looks past the messages parked
+    /// behind busy keys: as many as the workers clear within the shortest slack of the
+    /// admitted tiers, at least 8 × the prefetch (see
+    /// [`derived_lookahead`](super::derived_lookahead)). An expert setting: `false` keeps the
+    /// configured capacity as every tier's bound and 8 × the prefetch as the look-ahead,
+    /// whatever the deadlines. Default `true`.
+    pub derive_bounds: bool,
 }
 
 impl Default for PullAdmissionConfig {
@@ -76,6 +88,7 @@ impl Default for PullAdmissionConfig {
             headroom: 0.95,
             recover_ms: 500,
             prefetch_per_slot: 2,
+            derive_bounds: true,
         }
     }
 }

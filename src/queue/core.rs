@@ -23,7 +23,14 @@ mod hand_back;
 #[repr(C)]
 pub(crate) struct Core<T> {
     len: usize,
+    /// The lowest of `bounds`: below it, a push of any tier has room (the fast path).
     capacity: usize,
+    /// The configured capacity: the most `set_bounds_per_tier` allows.
+    ceiling: usize,
+    /// The count bound a push of each tier keeps, indexed by rank: the configured capacity, or
+    /// lower bounds set by the runtime from what the workers clear within each tier's
+    /// deadlines (`set_bounds_per_tier`).
+    bounds: [usize; 4],
     /// Bytes counted against the budget: the sum of held sizes with a budget, always 0
     /// without one (see `budget_mask`).
     total_bytes: usize,
@@ -84,6 +91,8 @@ impl<T> Core<T> {
         Core {
             len: 0,
             capacity,
+            ceiling: capacity,
+            bounds: [capacity; 4],
             total_bytes: 0,
             max_bytes: max_bytes.unwrap_or(usize::MAX),
             budget_mask: budget_mask(max_bytes),
@@ -226,16 +235,20 @@ impl<T> Core<T> {
             return Err(self.refuse(RefuseReason::TooLarge, meta.criticality, item));
         }
         let expiry = self.expiry_cutoff(now, precise);
+        let bound = self.bounds[rank];
+        // Over its tier's bound (which may lie below the length), a push keeps the length (one
+        // eviction at most), rather than evicting down to the bound at once: pops bring it down.
+        let room_at = bound.max(self.len);
         // Full by count, nothing expired, nothing below: the usual refusal, decided from the
         // backlog bits without counting.
         let nothing_below = self.backlog & ((1u8 << rank) - 1) == 0;
-        if expiry.is_none() && nothing_below && self.len >= self.capacity {
+        if expiry.is_none() && nothing_below && self.len >= bound {
             return Err(self.refuse(RefuseReason::Full, meta.criticality, item));
         }
         // A live item is never evicted for one whose own deadline has passed: that would lose
         // the live one's service and serve nothing.
         let incoming_expired = meta.deadline.is_some_and(|d| d <= expiry.unwrap_or(now));
-        match self.room_plan(rank, size, max_bytes, expiry) {
+        match self.room_plan(rank, size, max_bytes, expiry, room_at) {
             Some(needs_eviction) if !(needs_eviction && incoming_expired) => {}
             _ => return Err(self.refuse(RefuseReason::Full, meta.criticality, item)),
         }
@@ -246,7 +259,7 @@ impl<T> Core<T> {
         let mut one = None;
         // `size > max_bytes - total_bytes` rather than `total_bytes + size > max_bytes`: the
         // total never exceeds the budget, so this cannot overflow, whatever the sizes.
-        while self.len >= self.capacity || size > max_bytes - self.total_bytes {
+        while self.len >= room_at || size > max_bytes - self.total_bytes {
             match self.evict_below(rank) {
                 // One eviction and nothing expired, the usual case, needs no allocation.
                 Some(e) if removed.is_empty() && one.is_none() => one = Some(e),
@@ -288,6 +301,7 @@ impl<T> Core<T> {
         size: usize,
         max_bytes: usize,
         expiry: Option<Instant>,
+        room_at: usize,
     ) -> Option<bool> {
         // Sizes are summed in `u128`: without a budget they may add up past `usize::MAX`.
         let mut expired_items = 0;
@@ -313,7 +327,7 @@ impl<T> Core<T> {
         let lower_items: usize =
             self.tiers[..rank].iter().map(VecDeque::len).sum::<usize>() - expired_lower_items;
         let lower_bytes = self.bytes[..rank].iter().sum::<u128>() - expired_lower_bytes;
-        let need_slot = len >= self.capacity;
+        let need_slot = len >= room_at;
         // 0 without a budget: `bytes` is 0 and `max_bytes` is `usize::MAX`.
         let need_bytes = size.saturating_sub(max_bytes - bytes) as u128;
         if (need_slot && lower_items == 0) || lower_bytes < need_bytes {
@@ -422,7 +436,7 @@ impl<T> Core<T> {
     /// Whether `count` more items of `bytes` in all (as [`budgeted`](Self::budgeted)) fit
     /// under the count bound and the byte budget as they stand.
     pub(crate) fn has_room(&self, count: usize, bytes: usize) -> bool {
-        self.len + count <= self.capacity && bytes <= self.max_bytes - self.total_bytes
+        self.len + count <= self.ceiling && bytes <= self.max_bytes - self.total_bytes
     }
 
     /// Puts an entry that a pop took out as ready, and that was not served, back at the head
@@ -480,6 +494,16 @@ impl<T> Core<T> {
         self.sched.set_weights(weights);
     }
 
+    /// Sets the count bound a push of each tier keeps (indexed by rank; each at least 1, at
+    /// most the configured capacity) without evicting: a queue over a tier's bound keeps its
+    /// items, and a push of that tier evicts (or is refused) as into a full queue, keeping the
+    /// length. Returns the bounds applied.
+    pub(crate) fn set_bounds_per_tier(&mut self, bounds: [usize; 4]) -> [usize; 4] {
+        self.bounds = bounds.map(|b| b.clamp(1, self.ceiling));
+        self.capacity = self.bounds.iter().copied().min().unwrap_or(self.ceiling);
+        self.bounds
+    }
+
     /// Applies new bounds, evicting by the push rule (newest of the lowest non-empty tier) until
     /// the queue fits; with nothing below, the most critical tier gives way last.
     pub(crate) fn set_bounds(
@@ -488,6 +512,8 @@ impl<T> Core<T> {
         max_bytes: Option<usize>,
     ) -> Vec<Entry<T>> {
         self.capacity = capacity;
+        self.ceiling = capacity;
+        self.bounds = [capacity; 4];
         self.max_bytes = max_bytes.unwrap_or(usize::MAX);
         // Held without a budget, the sizes may add up past any budget now set, or past
         // `usize::MAX`: while evicting they are compared in `u128` and nothing counts into

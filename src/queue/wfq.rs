@@ -127,8 +127,9 @@ pub struct WfqQueue<T> {
     /// the fields every operation only reads (the waiter count, the clock) are not
     /// invalidated on other cores by each write of these.
     published: CachePadded<Published>,
-    /// The count bound, mirrored for `looks_full_for`, which reads it without the lock.
-    capacity_hint: AtomicUsize,
+    /// The count bound per tier (by rank), mirrored for `looks_full_for`, which reads it
+    /// without the lock.
+    bound_hints: [AtomicUsize; 4],
     /// Pushes refused by admission, per rank: counted outside the lock.
     overloaded: [CachePadded<AtomicU64>; 4],
     not_empty: Event,
@@ -177,7 +178,7 @@ impl<T> WfqQueue<T> {
                 len_backlog: AtomicU64::new(0),
                 pops: AtomicU64::new(0),
             }),
-            capacity_hint: AtomicUsize::new(capacity),
+            bound_hints: std::array::from_fn(|_| AtomicUsize::new(capacity)),
             overloaded: Default::default(),
             not_empty: Event::new(),
             waiters: AtomicUsize::new(0),

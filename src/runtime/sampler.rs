@@ -16,12 +16,16 @@ impl<T: Send + Sync + 'static> Inner<T> {
         let mut every = Duration::from_millis(self.config().admission.tick_ms);
         let mut pull = PullAdmission::new(&self.config().admission);
         let mut generation = self.live.generation();
+        // The bounds last applied to the queue (`None`: the configured capacity).
+        let mut bound: Option<[usize; 4]> = None;
         loop {
             // A live reconfiguration: the state machine keeps its window and level.
             if self.live.generation() != generation {
                 let config = self.config();
                 generation = self.live.generation();
                 pull.reconfigure(&config.admission);
+                // A reconfiguration restores the configured capacity.
+                bound = None;
                 every = Duration::from_millis(config.admission.tick_ms);
             }
             tokio::select! {
@@ -62,6 +66,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             });
             pull.observe_cohorts(sample.at, &cohort_pulled);
             let level = pull.observe(&sample);
+            self.bound_queue(&pull, &mut bound);
             // The work ahead of a drain: the sources' lag and what is pulled and waiting.
             let ahead = sample.lag.unwrap_or(0).saturating_add(sample.waiting);
             let clear_ns = match pull.capacity() {
@@ -117,6 +122,29 @@ impl<T: Send + Sync + 'static> Inner<T> {
             m.ordering_parked.set(self.keys.parked() as f64);
             m.ordering_longest_wait
                 .set(self.keys.longest_wait(self.clock.now()).as_secs_f64());
+        }
+    }
+
+    /// Applies the queue's bounds for pulled work derived from `pull`'s measurements (see
+    /// `admission::derived_bounds`), or the configured capacity when the setting is off or
+    /// nothing is measured yet; `last` is the bounds applied before. Likewise the intake's
+    /// look-ahead past busy ordering keys (`admission::derived_lookahead`).
+    fn bound_queue(&self, pull: &PullAdmission, last: &mut Option<[usize; 4]>) {
+        let derive = self.config().admission.derive_bounds;
+        let prefetch = self.prefetch();
+        let next = derive
+            .then(|| crate::admission::derived_bounds(pull, prefetch))
+            .flatten();
+        let lookahead = derive
+            .then(|| crate::admission::derived_lookahead(pull, prefetch))
+            .flatten();
+        self.signals
+            .lookahead
+            .store(lookahead.map_or(0, |l| l as u64), Ordering::Relaxed);
+        if next != *last {
+            self.queue
+                .set_bounds_per_tier(next.unwrap_or([usize::MAX; 4]));
+            *last = next;
         }
     }
 

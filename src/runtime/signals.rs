@@ -30,6 +30,10 @@ pub(crate) struct Signals {
     /// sampler: while a backlog lasts the workers have no room, and the drains are pulled only
     /// into room.
     pub(crate) backlog_clear_ns: AtomicU64,
+    /// How many messages the intake may hold queued and parked behind busy keys while not
+    /// overloaded, derived from the measured capacity and deadline slack (0: not derived).
+    /// Written by the sampler.
+    pub(crate) lookahead: AtomicU64,
     /// What every message adds to, one copy per thread (see `crate::sync`), summed by the
     /// sampler.
     pub(crate) measured: PerThread<Measured>,

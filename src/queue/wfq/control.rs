@@ -28,12 +28,28 @@ impl<T> WfqQueue<T> {
             .core
             .set_bounds(config.capacity.get(), config.max_bytes.map(|b| b.get()));
         st.admission.reconfigure(&config.admission);
-        self.capacity_hint
-            .store(config.capacity.get(), Ordering::Relaxed);
+        for hint in &self.bound_hints {
+            hint.store(config.capacity.get(), Ordering::Relaxed);
+        }
         st.config = config;
         let now = self.now();
         self.observe(&mut st, now);
         Ok(evicted)
+    }
+
+    /// Sets the count bound a push of each tier keeps, in items, indexed by rank (each
+    /// clamped to `1..=` the configured capacity), without evicting: over its tier's bound, a
+    /// push evicts or is refused as into a full queue, and the length only falls. For the
+    /// runtime, which derives each tier's bound from what its workers clear within that tier's
+    /// deadlines; a reconfiguration restores the configured capacity. Returns the bounds
+    /// applied.
+    pub(crate) fn set_bounds_per_tier(&self, bounds: [usize; 4]) -> [usize; 4] {
+        let mut st = self.state.lock();
+        let applied = st.core.set_bounds_per_tier(bounds);
+        for (hint, b) in self.bound_hints.iter().zip(applied) {
+            hint.store(b, Ordering::Relaxed);
+        }
+        applied
     }
 
     /// Re-evaluates queue-age admission now. Pushes and pops already do so; call this from a

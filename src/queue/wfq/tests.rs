@@ -390,3 +390,53 @@ fn requeue_after_close_takes_nothing() {
     assert_eq!(q.requeue(&mut batch, Criticality::High), Err(Closed));
     assert_eq!(batch.len(), 2);
 }
+
+/// A bound lowered below the length evicts nothing at once; a push over its tier's bound keeps
+/// the length (evicting the newest of a lower tier, or refused as full) while a tier whose
+/// bound is higher still has room, and the configured capacity stays the most a bound allows.
+#[test]
+fn a_lowered_bound_keeps_the_length_and_never_exceeds_the_capacity() {
+    let q = queue(8);
+    for i in 0..4 {
+        assert_eq!(
+            q.push(i, Meta::new(Criticality::Sheddable))
+                .unwrap()
+                .count(),
+            0
+        );
+    }
+    // By rank: Sheddable 2, Medium 3, High 5, Critical 8.
+    assert_eq!(q.set_bounds_per_tier([2, 3, 5, 100]), [2, 3, 5, 8]);
+    assert_eq!(q.len(), 4);
+    assert!(q.looks_full_for(Criticality::Sheddable));
+    assert!(!q.looks_full_for(Criticality::High));
+    // Over Medium's bound: a Medium push evicts the newest Sheddable item, the length stays 4.
+    assert_eq!(
+        q.push(10, Meta::new(Criticality::Medium)).unwrap().count(),
+        1
+    );
+    assert_eq!(q.len(), 4);
+    assert!(matches!(
+        q.push(11, Meta::new(Criticality::Sheddable)),
+        Err(PushError::Full(_))
+    ));
+    // Under High's bound: a High push has room.
+    assert_eq!(q.push(12, Meta::new(Criticality::High)).unwrap().count(), 0);
+    assert_eq!(q.len(), 5);
+    // At High's bound, High evicts; Critical still has room up to the capacity.
+    assert_eq!(q.push(13, Meta::new(Criticality::High)).unwrap().count(), 1);
+    for i in 0..3 {
+        assert_eq!(
+            q.push(20 + i, Meta::new(Criticality::Critical))
+                .unwrap()
+                .count(),
+            0
+        );
+    }
+    assert_eq!(q.len(), 8);
+    // Full at the capacity: Critical could still evict, Sheddable could not.
+    assert!(!q.looks_full_for(Criticality::Critical));
+    assert!(q.looks_full_for(Criticality::Sheddable));
+    // Every bound within 1..=capacity.
+    assert_eq!(q.set_bounds_per_tier([0, 100, 1, 8]), [1, 8, 1, 8]);
+}

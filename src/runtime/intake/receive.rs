@@ -30,10 +30,17 @@ const ORDERING_LOOKAHEAD: usize = 8;
 
 /// Whether the intake, not overloaded, has pulled as far ahead as it should: the queue holds
 /// the prefetch, or the queue and the messages parked behind busy keys hold
-/// [`ORDERING_LOOKAHEAD`] times it.
+/// [`ORDERING_LOOKAHEAD`] times it, or as many as the workers clear within the shortest
+/// deadline slack of the admitted work when the sampler derived that (more: see
+/// `admission::derived_lookahead`).
 pub(crate) fn pulled_ahead<T: Send + Sync + 'static>(inner: &Inner<T>, prefetch: usize) -> bool {
     let queued = inner.queue.len();
-    queued >= prefetch || queued + inner.keys.parked() >= prefetch * ORDERING_LOOKAHEAD
+    if queued >= prefetch {
+        return true;
+    }
+    let derived = inner.signals.lookahead.load(Ordering::Relaxed);
+    let ahead = (prefetch * ORDERING_LOOKAHEAD).max(usize::try_from(derived).unwrap_or(usize::MAX));
+    queued + inner.keys.parked() >= ahead
 }
 
 /// Most messages taken from a source in one turn of the intake loop (see `intake::run`).
