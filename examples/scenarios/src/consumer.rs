@@ -23,8 +23,22 @@ impl Consumer {
         Consumer::Fifo { capacity: 256 }
     }
 
-    /// Triage with today's defaults.
-    pub fn defaults() -> Self {
+    /// Triage with the defaults before the zero-configuration controller: the configured
+    /// `queue.capacity` bounds the queue, whatever the deadlines (see [`previous_defaults`]).
+    pub fn previous_defaults() -> Self {
+        Consumer::Triage(Box::new(previous_defaults()))
+    }
+
+    /// Triage with `RuntimeConfig::default()`: the zero-configuration default.
+    pub fn zero_config() -> Self {
         Consumer::Triage(Box::default())
     }
+}
+
+/// The defaults as they were before the zero-configuration controller, kept reproducible:
+/// `RuntimeConfig::default()` with the expert switch `admission.derive_bounds` off.
+pub fn previous_defaults() -> RuntimeConfig {
+    let mut c = RuntimeConfig::default();
+    c.admission.derive_bounds = false;
+    c
 }

@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use triage::limit::{Gradient2Config, LimitConfig};
 use triage::runtime::RuntimeConfig;
 
-use crate::consumer::Consumer;
+use crate::consumer::{previous_defaults, Consumer};
 use crate::goodput::Goodput;
 use crate::outcome::Outcome;
 use crate::run::run_virtual;
@@ -49,9 +49,9 @@ pub struct Point {
 }
 
 impl Point {
-    /// Today's defaults, as a grid point.
+    /// The defaults before the zero-configuration controller, as a grid point.
     pub fn defaults() -> Self {
-        let c = RuntimeConfig::default();
+        let c = previous_defaults();
         Point {
             weights: [8, 4, 2, 1],
             headroom: c.admission.headroom,
@@ -62,9 +62,11 @@ impl Point {
         }
     }
 
-    /// The runtime configuration of this point for `workers` workers.
+    /// The runtime configuration of this point for `workers` workers: the knobs set on the
+    /// defaults before the zero-configuration controller (the queue bounded by
+    /// `queue.capacity` alone), since the grid is the hand-tuning the controller replaces.
     pub fn config(&self, workers: usize) -> RuntimeConfig {
-        let mut c = RuntimeConfig::default();
+        let mut c = previous_defaults();
         let [w0, w1, w2, w3] = self.weights;
         c.queue = c.queue.weights(w0, w1, w2, w3);
         c.queue.capacity = NonZeroUsize::new(self.capacity).unwrap_or(NonZeroUsize::MIN);
@@ -250,7 +252,7 @@ mod tests {
         let pts = points();
         assert_eq!(pts.len(), 96);
         assert_eq!(pts[0], Point::defaults());
-        assert_eq!(pts[0].config(8), RuntimeConfig::default());
+        assert_eq!(pts[0].config(8), previous_defaults());
         assert_eq!(pts[0].describe(), "defaults");
         for (i, a) in pts.iter().enumerate() {
             assert!(pts[i + 1..].iter().all(|b| b != a), "{a:?} twice");

@@ -17,8 +17,9 @@ use triage_scenarios::scenario::by_name;
 use triage_scenarios::{matrix, run_real_time, run_virtual, Consumer, Outcome, Scenario};
 
 const USAGE: &str = "\
-The scenario matrix of issue 33: a plain FIFO, triage's defaults and (with --grid) the best
-hand-tuned settings, per scenario and tier, in virtual time.
+The scenario matrix of issue 33: a plain FIFO, triage's defaults before the zero-configuration
+controller, (with --grid) the best hand-tuned settings, and the zero-configuration default
+(RuntimeConfig::default()), per scenario and tier, in virtual time.
 
 Usage: cargo run --release -p triage-scenarios -- [OPTIONS]
 
@@ -134,7 +135,7 @@ fn cross_check(scenarios: &[Scenario]) {
         );
         for (label, consumer) in [
             ("FIFO", Consumer::fifo()),
-            ("defaults", Consumer::defaults()),
+            ("zero-config", Consumer::zero_config()),
         ] {
             let v = run_virtual(sc, &consumer);
             let r = run_real_time(&real, &consumer);
@@ -177,17 +178,19 @@ fn main() -> ExitCode {
     let mut runs = Vec::new();
     for sc in &args.scenarios {
         let fifo = run_virtual(sc, &Consumer::fifo());
-        let defaults = run_virtual(sc, &Consumer::defaults());
-        let again = run_virtual(sc, &Consumer::defaults());
-        let deterministic = same(&defaults, &again);
+        let defaults = run_virtual(sc, &Consumer::previous_defaults());
+        let zero = run_virtual(sc, &Consumer::zero_config());
+        let again = run_virtual(sc, &Consumer::zero_config());
+        let deterministic = same(&zero, &again);
         eprintln!(
-            "{}: FIFO {:.1}% defaults {:.1}% weighted ({:.1} s)",
+            "{}: FIFO {:.1}% defaults {:.1}% zero-config {:.1}% weighted ({:.1} s)",
             sc.name,
             100.0 * fifo.goodput.weighted(),
             100.0 * defaults.goodput.weighted(),
+            100.0 * zero.goodput.weighted(),
             start.elapsed().as_secs_f64()
         );
-        runs.push((fifo, defaults, deterministic));
+        runs.push((fifo, defaults, zero, deterministic));
     }
     let found = args.grid.then(|| {
         eprintln!(
@@ -202,10 +205,11 @@ fn main() -> ExitCode {
         .scenarios
         .iter()
         .zip(&runs)
-        .map(|(scenario, (fifo, defaults, deterministic))| Row {
+        .map(|(scenario, (fifo, defaults, zero, deterministic))| Row {
             scenario,
             fifo,
             defaults,
+            zero,
             deterministic: *deterministic,
         })
         .collect();

@@ -1,5 +1,7 @@
-//! The report of record: per scenario and tier, goodput for each consumer, the best
-//! hand-tuned settings, recovery, and the ledger and determinism checks.
+//! The report of record: per scenario and tier, goodput for each consumer (the FIFO, the
+//! defaults before the zero-configuration controller, the best hand-tuned settings, the
+//! zero-configuration default), the issue's bars, the best hand-tuned settings, recovery, and
+//! the ledger and determinism checks.
 
 use std::fmt::Write;
 use std::time::Duration;
@@ -18,9 +20,11 @@ pub struct Row<'a> {
     pub scenario: &'a Scenario,
     /// The plain FIFO.
     pub fifo: &'a Outcome,
-    /// Triage with today's defaults.
+    /// Triage with the defaults before the zero-configuration controller.
     pub defaults: &'a Outcome,
-    /// Whether a second run of the defaults gave the same ledger and goodput.
+    /// Triage with `RuntimeConfig::default()`, the zero-configuration default.
+    pub zero: &'a Outcome,
+    /// Whether a second run of the zero-configuration default gave the same ledger and goodput.
     pub deterministic: bool,
 }
 
@@ -47,7 +51,7 @@ pub fn render(rows: &[Row<'_>], search: Option<&Search>, command: &str, wall: Du
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "# Scenario matrix (issue 33): FIFO, today's defaults, best hand-tuned\n"
+        "# Scenario matrix (issue 33): FIFO, defaults, best hand-tuned, zero-configuration\n"
     );
     let _ = writeln!(
         o,
@@ -63,7 +67,13 @@ pub fn render(rows: &[Row<'_>], search: Option<&Search>, command: &str, wall: Du
          by the producer; the weighted total weighs the tiers 8 / 4 / 2 / 1. The FIFO is a \
          bounded channel of 256 in front of the same workers (a failed call retried at once, \
          up to 3 times; in key mode a worker waits for the key's previous message). Triage \
-         runs with a defer topic drained back when load falls, as in README's first command.\n"
+         runs with a defer topic drained back when load falls, as in README's first command. \
+         *Defaults* are the defaults before the zero-configuration controller (the queue \
+         bounded by `queue.capacity` alone, the look-ahead past busy keys 8 x the prefetch: `admission.derive_bounds = false`); \
+         *zero-config* is `RuntimeConfig::default()`, whose queue bounds for pulled work (per \
+         tier) and look-ahead past busy ordering keys are derived from the measured capacity \
+         and the deadline slack the messages arrive with (`triage::admission::derived_bounds`, \
+         `derived_lookahead`).\n"
     );
     let _ = writeln!(o, "## Scenarios\n");
     let _ = writeln!(o, "| scenario | what | seed |\n|---|---|---|");
@@ -83,7 +93,7 @@ pub fn render(rows: &[Row<'_>], search: Option<&Search>, command: &str, wall: Du
     let best_sep = if search.is_some() { "---:|" } else { "" };
     let _ = writeln!(
         o,
-        "| scenario | tier | offered | FIFO | defaults |{best_head}\n|---|---|---:|---:|---:|{best_sep}"
+        "| scenario | tier | offered | FIFO | defaults |{best_head} zero-config |\n|---|---|---:|---:|---:|{best_sep}---:|"
     );
     for (i, r) in rows.iter().enumerate() {
         let best = search.map(|s| &s.best[i].outcome);
@@ -99,6 +109,7 @@ pub fn render(rows: &[Row<'_>], search: Option<&Search>, command: &str, wall: Du
             if let Some(b) = best {
                 let _ = write!(line, " {} |", pct(b.goodput.share(tier)));
             }
+            let _ = write!(line, " {} |", pct(r.zero.goodput.share(tier)));
             let _ = writeln!(o, "{line}");
         }
         let mut line = format!(
@@ -110,7 +121,12 @@ pub fn render(rows: &[Row<'_>], search: Option<&Search>, command: &str, wall: Du
         if let Some(b) = best {
             let _ = write!(line, " **{}** |", pct(b.goodput.weighted()));
         }
+        let _ = write!(line, " **{}** |", pct(r.zero.goodput.weighted()));
         let _ = writeln!(o, "{line}");
+    }
+
+    if let Some(s) = search {
+        bars(&mut o, rows, s);
     }
 
     if let Some(s) = search {
@@ -153,8 +169,9 @@ pub fn render(rows: &[Row<'_>], search: Option<&Search>, command: &str, wall: Du
         o,
         "Shed level = tiers refused (`Runtime::load().shed_tiers()`), sampled every 10 ms. \
          Recovery cells: time from the step's end until every tier is admitted again / peak \
-         level / direction changes of the level during the step / after it. `shed samples` \
-         counts 10 ms samples with a level above 0.\n"
+         level / direction changes of the level during the step / after it. `shed samples`, \
+         `shed (ledger)`, `expired` and `resubmitted` are the zero-configuration default's; \
+         `ledger balances` is checked for the defaults and the zero-configuration default.\n"
     );
     let best_head = if search.is_some() {
         " best: recovery |"
@@ -163,22 +180,23 @@ pub fn render(rows: &[Row<'_>], search: Option<&Search>, command: &str, wall: Du
     };
     let _ = writeln!(
         o,
-        "| scenario | defaults: recovery | shed samples | shed (ledger) | expired | resubmitted |{best_head} ledger balances | same ledger twice |\n|---|---|---:|---:|---:|---:|{best_sep}---|---|"
+        "| scenario | defaults: recovery | zero-config: recovery | shed samples | shed (ledger) | expired | resubmitted |{best_head} ledger balances | same ledger twice |\n|---|---|---|---:|---:|---:|---:|{best_sep}---|---|"
     );
     for (i, r) in rows.iter().enumerate() {
-        let stats = r.defaults.stats;
+        let stats = r.zero.stats;
         let (shed, expired) = stats.map_or((0, 0), |s| {
             let t = s.ledger.total();
             (t.shed, t.expired)
         });
         let mut line = format!(
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             r.scenario.name,
             recovery_cell(r.defaults.recovery),
-            r.defaults.shed_samples(),
+            recovery_cell(r.zero.recovery),
+            r.zero.shed_samples(),
             shed,
             expired,
-            r.defaults.resubmitted,
+            r.zero.resubmitted,
         );
         if let Some(s) = search {
             let _ = write!(line, " {} |", recovery_cell(s.best[i].outcome.recovery));
@@ -186,12 +204,96 @@ pub fn render(rows: &[Row<'_>], search: Option<&Search>, command: &str, wall: Du
         let _ = write!(
             line,
             " {} | {} |",
-            if r.defaults.balances { "yes" } else { "NO" },
+            if r.zero.balances && r.defaults.balances {
+                "yes"
+            } else {
+                "NO"
+            },
             if r.deterministic { "yes" } else { "NO" }
         );
         let _ = writeln!(o, "{line}");
     }
     o
+}
+
+/// Whether `a` is better than `b` by at least the report's precision (0.05 point, so that a
+/// win shows in figures rounded to 0.1).
+fn better(a: f64, b: f64) -> bool {
+    a - b >= 0.0005
+}
+
+/// The issue's bars, per scenario and in all: the zero-configuration default within 0.1 point
+/// of the best hand-tuned Critical goodput and within 2 % (relative) of its weighted total,
+/// better than the defaults in at least half the scenarios, and after each step the shed level
+/// changing direction at most twice.
+fn bars(o: &mut String, rows: &[Row<'_>], s: &Search) {
+    let _ = writeln!(o, "\n## The bars (issue 33)\n");
+    let _ = writeln!(
+        o,
+        "Zero-config against the best hand-tuned point: Critical within 0.1 point, weighted \
+         total within 2 % (relative); against the defaults: better (by at least 0.05 point of \
+         the weighted total) in at least 6 of 12; after a step, the shed level changes \
+         direction at most twice.\n"
+    );
+    let _ = writeln!(
+        o,
+        "| scenario | Critical: zero-config - best (points) | weighted: zero-config / best - 1 (%) | weighted: zero-config - defaults (points) | shed level changes after the step | bars |\n|---|---:|---:|---:|---:|---|"
+    );
+    let (mut critical_ok, mut weighted_ok, mut wins, mut steady) = (0, 0, 0, 0);
+    for (i, r) in rows.iter().enumerate() {
+        let best = &s.best[i].outcome.goodput;
+        let zero = &r.zero.goodput;
+        let dc = zero.share(Criticality::Critical) - best.share(Criticality::Critical);
+        let rel = if best.weighted() > 0.0 {
+            zero.weighted() / best.weighted() - 1.0
+        } else {
+            0.0
+        };
+        let dd = zero.weighted() - r.defaults.goodput.weighted();
+        let changes = r.zero.recovery.map(|rc| rc.changes_after);
+        let c_ok = dc >= -0.001;
+        let w_ok = rel >= -0.02;
+        let win = better(zero.weighted(), r.defaults.goodput.weighted());
+        let s_ok = changes.is_none_or(|c| c <= 2);
+        critical_ok += usize::from(c_ok);
+        weighted_ok += usize::from(w_ok);
+        wins += usize::from(win);
+        steady += usize::from(s_ok);
+        let mut met = Vec::new();
+        if !c_ok {
+            met.push("Critical missed");
+        }
+        if !w_ok {
+            met.push("weighted missed");
+        }
+        if win {
+            met.push("better than defaults");
+        }
+        if !s_ok {
+            met.push("oscillates");
+        }
+        let _ = writeln!(
+            o,
+            "| {} | {:+.2} | {:+.2} | {:+.2} | {} | {} |",
+            r.scenario.name,
+            100.0 * dc,
+            100.0 * rel,
+            100.0 * dd,
+            changes.map_or("-".to_string(), |c| c.to_string()),
+            if met.is_empty() {
+                "met".to_string()
+            } else {
+                met.join(", ")
+            }
+        );
+    }
+    let n = rows.len();
+    let _ = writeln!(
+        o,
+        "\nIn all: Critical within 0.1 point of the best in {critical_ok} of {n}; weighted \
+         within 2 % in {weighted_ok} of {n}; better than the defaults in {wins} of {n} (the \
+         bar: half); at most two direction changes after a step in {steady} of {n}."
+    );
 }
 
 fn fmt_secs(d: Duration) -> String {

@@ -1,6 +1,7 @@
 //! The scenario matrix in a short form: every scenario at a tenth of its length, in virtual
-//! time, through triage's defaults (and a few through the plain FIFO), asserting the ledger,
-//! Critical's goodput, recovery and that a seed gives the same run twice.
+//! time, through the zero-configuration default (`RuntimeConfig::default()`) and the defaults
+//! before its controller (and a few through the plain FIFO), asserting the ledger, Critical's
+//! goodput, recovery and that a seed gives the same run twice.
 
 use triage::Criticality;
 use triage_scenarios::{matrix, run_virtual, Consumer, Outcome, Scenario};
@@ -27,9 +28,11 @@ fn ledger_balances(name: &str, out: &Outcome) {
 fn every_scenario_balances_its_ledger_and_keeps_critical() {
     for sc in matrix() {
         let sc = sc.scaled(SCALE);
-        let out = run_virtual(&sc, &Consumer::defaults());
-        ledger_balances(sc.name, &out);
-        let critical = out.goodput.share(Criticality::Critical);
+        let zero = run_virtual(&sc, &Consumer::zero_config());
+        let before = run_virtual(&sc, &Consumer::previous_defaults());
+        ledger_balances(sc.name, &zero);
+        ledger_balances(sc.name, &before);
+        let critical = zero.goodput.share(Criticality::Critical);
         let floor = match sc.name {
             // Half the messages call a downstream failing 30% of its calls: one of those whose
             // four attempts all fail (0.3^4, 0.8% of them) is dead-lettered, not served.
@@ -43,7 +46,20 @@ fn every_scenario_balances_its_ledger_and_keeps_critical() {
             critical >= floor,
             "{}: Critical goodput {critical:.4} < {floor}:\n{:?}",
             sc.name,
-            out.goodput
+            zero.goodput
+        );
+        // The controller gives up nothing of Critical to the defaults before it, and at most
+        // 3 points of the weighted total. Not the report's 2 %: at a tenth of its length the
+        // retry storm is all transient, and there the bounds refuse Medium sooner than a queue
+        // of 1,024 did, whose messages come back at once with less slack (83.8 % against
+        // 86.3 %; at full length 84.8 % against 81.9 %).
+        let was = before.goodput.share(Criticality::Critical);
+        assert!(critical >= was - 0.001, "{}: {critical} < {was}", sc.name);
+        let (w, w0) = (zero.goodput.weighted(), before.goodput.weighted());
+        assert!(
+            w >= w0 - 0.03,
+            "{}: weighted {w:.4} < {w0:.4} - 0.03",
+            sc.name
         );
     }
 }
@@ -51,7 +67,7 @@ fn every_scenario_balances_its_ledger_and_keeps_critical() {
 #[test]
 fn nothing_is_shed_at_one_x_or_below() {
     for name in ["steady-0.8x", "steady-1x"] {
-        let out = run_virtual(&short(name), &Consumer::defaults());
+        let out = run_virtual(&short(name), &Consumer::zero_config());
         ledger_balances(name, &out);
         let t = out.stats.expect("a triage run").ledger.total();
         assert_eq!(t.shed, 0, "{name}: shed at or below 1x");
@@ -70,7 +86,7 @@ fn nothing_is_shed_at_one_x_or_below() {
 fn at_three_x_triage_keeps_critical_and_high_where_the_fifo_loses_them() {
     let sc = short("step-3x");
     let fifo = run_virtual(&sc, &Consumer::fifo());
-    let triage = run_virtual(&sc, &Consumer::defaults());
+    let triage = run_virtual(&sc, &Consumer::zero_config());
     ledger_balances(sc.name, &triage);
     assert!(fifo.goodput.share(Criticality::Critical) < 0.5);
     for tier in [Criticality::Critical, Criticality::High] {
@@ -91,14 +107,14 @@ fn a_seed_gives_the_same_ledger_twice_and_another_seed_another() {
     // downstream (the runtime's retry backoff draws its jitter).
     for name in ["retry-storm", "failing-downstream"] {
         let sc = short(name);
-        let a = run_virtual(&sc, &Consumer::defaults());
-        let b = run_virtual(&sc, &Consumer::defaults());
+        let a = run_virtual(&sc, &Consumer::zero_config());
+        let b = run_virtual(&sc, &Consumer::zero_config());
         let (sa, sb) = (a.stats.expect("triage"), b.stats.expect("triage"));
         assert_eq!(a.goodput, b.goodput, "{name}");
         assert_eq!(sa.ledger, sb.ledger, "{name}");
         assert_eq!(a.shed_series, b.shed_series, "{name}");
         assert_eq!(a.resubmitted, b.resubmitted, "{name}");
-        let c = run_virtual(&sc.with_seed(34), &Consumer::defaults());
+        let c = run_virtual(&sc.with_seed(34), &Consumer::zero_config());
         assert_ne!(a.goodput, c.goodput, "{name}");
     }
 }
