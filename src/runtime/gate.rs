@@ -222,6 +222,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
 
     /// [`offer`](Self::offer) for a worker that pulled the item itself and pops right after:
     /// its push wakes no other worker (see `WfqQueue::push_admitted_quiet`).
+    #[inline]
     pub(crate) fn offer_quiet(self: &Arc<Self>, item: Item<T>) -> Offer<T> {
         let mut freed = Freed::default();
         let offer = self.offer_into(item, true, &mut freed);
@@ -298,6 +299,11 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 }
                 if !before.decided() {
                     self.record_decision(original, Decision::Admitted);
+                }
+                if evicted.is_empty() {
+                    // The usual push: nothing to iterate (taking the inline entry out of an
+                    // empty `Evictions` still copies its whole room).
+                    return Offer::Taken;
                 }
                 let mut hold = None;
                 for removed in evicted {
