@@ -196,6 +196,9 @@ impl PollLoop {
         let mut batch = Batch::new();
         let mut tally = Tally::default();
         let mut anchor = None;
+        // The cohorts' rotation period, read once per batch (a wall-clock read per keyed
+        // record cost more than the rest of its cohort): it turns once an hour.
+        let mut period = None;
         // Records borrow the client; `deliver` borrows the loop.
         let consumer = Arc::clone(&self.consumer);
         let mut next = consumer.poll(wait);
@@ -204,7 +207,8 @@ impl PollLoop {
                 // Nothing ready, or an event (a rebalance) was served.
                 None => break,
                 Some(Ok(msg)) => {
-                    if let Some(delivery) = self.deliver(&msg, &mut tally, &mut anchor) {
+                    if let Some(delivery) = self.deliver(&msg, &mut tally, &mut anchor, &mut period)
+                    {
                         if batch.capacity() == 0 {
                             batch.reserve_exact(self.batch);
                         }
@@ -309,12 +313,13 @@ impl PollLoop {
 
     /// Tracks, classifies and wraps one record; `None` if its partition is no longer assigned.
     /// Counts into `tally`; reads the clocks into `anchor` for the first record with a
-    /// deadline.
+    /// deadline, and the cohorts' rotation period into `period` for the first with a key.
     fn deliver(
         &mut self,
         msg: &BorrowedMessage<'_>,
         tally: &mut Tally,
         anchor: &mut Option<Anchor>,
+        period: &mut Option<u64>,
     ) -> Option<Delivery> {
         let topic = msg.topic();
         let partition = msg.partition();
@@ -346,9 +351,10 @@ impl PollLoop {
         let ordering_key = self.ordering.key_of((topic, partition), key.as_deref());
         // The record key stands for the user: when its tier is admitted in part, the records
         // of the same keys are served (see `triage::admission::cohort`).
-        let cohort = key
-            .as_deref()
-            .map(|k| admission::cohort(admission::user_hash(k), admission::rotation_period()));
+        let cohort = key.as_deref().map(|k| {
+            let period = *period.get_or_insert_with(admission::rotation_period);
+            admission::cohort(admission::user_hash(k), period)
+        });
         let message = KafkaMessage {
             topic: shared_topic,
             partition,
