@@ -67,8 +67,10 @@ pub fn derived_lookahead(pull: &PullAdmission, floor: usize) -> Option<usize> {
 
 /// Each tier's bound for pulled work now, in messages, indexed by [`Criticality::rank`]:
 /// [`SLACK_SHARE`] × measured capacity × the tier's mean slack at intake, at least `prefetch`;
-/// `usize::MAX` (the configured capacity) for a tier whose slack was never measured. `None`
-/// when there is no capacity estimate or no tier's slack was measured.
+/// `usize::MAX` (the configured capacity) for a tier whose slack was never measured; and never
+/// below the bound of a lower tier, so that no message is refused for room where a less
+/// important one would be queued. `None` when there is no capacity estimate or no tier's
+/// slack was measured.
 ///
 /// # Examples
 ///
@@ -78,21 +80,23 @@ pub fn derived_lookahead(pull: &PullAdmission, floor: usize) -> Option<usize> {
 ///
 /// let mut pull = PullAdmission::new(&PullAdmissionConfig::default());
 /// assert_eq!(derived_bounds(&pull, 16), None, "nothing measured yet");
-/// // Eight handlers of 2 ms (4,000/s); Sheddable pulled with 100 ms left, High with 400 ms,
-/// // Medium and Critical without deadlines.
+/// // Eight handlers of 2 ms (4,000/s); by rank (Sheddable first) messages pulled with 100,
+/// // 400 and 250 ms left, and Critical's without deadlines.
 /// let mut s = PullSample { limit: 8, lag: Some(0), ..PullSample::default() };
 /// for tick in 1..=10u64 {
 ///     s.at = Duration::from_millis(100 * tick);
 ///     s.pulled = [40 * tick; 4];
-///     s.with_deadline = [40 * tick, 0, 40 * tick, 0];
-///     s.slack[0] = Duration::from_millis(100) * (40 * tick) as u32;
-///     s.slack[2] = Duration::from_millis(400) * (40 * tick) as u32;
+///     s.with_deadline = [40 * tick, 40 * tick, 40 * tick, 0];
+///     for (rank, ms) in [100u64, 400, 250].into_iter().enumerate() {
+///         s.slack[rank] = Duration::from_millis(ms) * (40 * tick) as u32;
+///     }
 ///     s.served = 160 * tick;
 ///     s.busy = Duration::from_millis(2 * 160 * tick);
 ///     pull.observe(&s);
 /// }
-/// // A quarter of each slack at 4,000/s, by rank (Sheddable first).
-/// assert_eq!(derived_bounds(&pull, 16), Some([100, usize::MAX, 400, usize::MAX]));
+/// // A quarter of each slack at 4,000/s, never below a lower tier's bound (High's 250 ms
+/// // gives 250, Medium's 400 ms 400), and no bound for Critical.
+/// assert_eq!(derived_bounds(&pull, 16), Some([100, 400, 400, usize::MAX]));
 /// ```
 pub fn derived_bounds(pull: &PullAdmission, prefetch: usize) -> Option<[usize; 4]> {
     let capacity = pull.capacity()?;
@@ -110,6 +114,9 @@ pub fn derived_bounds(pull: &PullAdmission, prefetch: usize) -> Option<[usize; 4
     let mut by_rank = [usize::MAX; 4];
     for (t, b) in Criticality::ALL.into_iter().zip(bounds) {
         by_rank[t.rank()] = b;
+    }
+    for rank in 1..4 {
+        by_rank[rank] = by_rank[rank].max(by_rank[rank - 1]);
     }
     any.then_some(by_rank)
 }
@@ -191,6 +198,10 @@ mod tests {
         // The look-ahead past busy keys: all of Sheddable's 100 ms at 800/s, at least the floor.
         assert_eq!(derived_lookahead(&a, 16), Some(80));
         assert_eq!(derived_lookahead(&a, 128), Some(128));
+        // A more important tier with a shorter window is bounded as the less important one.
+        let (mut a, mut s) = fresh();
+        drive(&mut a, &mut s, 20, 400.0, [100, 250, 50, 1000]);
+        assert_eq!(derived_bounds(&a, 16), Some([20, 50, 50, 200]));
     }
 
     #[test]

@@ -25,11 +25,9 @@ pub(crate) struct Core<T> {
     len: usize,
     /// The lowest of `bounds`: below it, a push of any tier has room (the fast path).
     capacity: usize,
-    /// The configured capacity: the most `set_bounds_per_tier` allows.
+    /// The configured capacity, and the count bound a push of each tier keeps (by rank; lower
+    /// when the runtime derives them from the deadlines, see `set_bounds_per_tier`).
     ceiling: usize,
-    /// The count bound a push of each tier keeps, indexed by rank: the configured capacity, or
-    /// lower bounds set by the runtime from what the workers clear within each tier's
-    /// deadlines (`set_bounds_per_tier`).
     bounds: [usize; 4],
     /// Bytes counted against the budget: the sum of held sizes with a budget, always 0
     /// without one (see `budget_mask`).
@@ -494,12 +492,15 @@ impl<T> Core<T> {
         self.sched.set_weights(weights);
     }
 
-    /// Sets the count bound a push of each tier keeps (indexed by rank; each at least 1, at
-    /// most the configured capacity) without evicting: a queue over a tier's bound keeps its
-    /// items, and a push of that tier evicts (or is refused) as into a full queue, keeping the
-    /// length. Returns the bounds applied.
+    /// Sets each tier's count bound (by rank; in `1..=ceiling`, at least a lower tier's) without
+    /// evicting: over its tier's bound a push evicts (or is refused) as into a full queue,
+    /// keeping the length. Returns the bounds applied.
     pub(crate) fn set_bounds_per_tier(&mut self, bounds: [usize; 4]) -> [usize; 4] {
-        self.bounds = bounds.map(|b| b.clamp(1, self.ceiling));
+        let mut floor = 1;
+        self.bounds = bounds.map(|b| {
+            floor = b.clamp(floor, self.ceiling);
+            floor
+        });
         self.capacity = self.bounds.iter().copied().min().unwrap_or(self.ceiling);
         self.bounds
     }

@@ -38,7 +38,9 @@ impl<T> WfqQueue<T> {
     }
 
     /// Sets the count bound a push of each tier keeps, in items, indexed by rank (each
-    /// clamped to `1..=` the configured capacity), without evicting: over its tier's bound, a
+    /// clamped to `1..=` the configured capacity, and raised to a lower tier's bound: no
+    /// message is refused for room where a less important one would be queued), without
+    /// evicting: over its tier's bound, a
     /// push evicts or is refused as into a full queue, and the length only falls. For the
     /// runtime, which derives each tier's bound from what its workers clear within that tier's
     /// deadlines; a reconfiguration restores the configured capacity. Returns the bounds

@@ -437,6 +437,7 @@ fn a_lowered_bound_keeps_the_length_and_never_exceeds_the_capacity() {
     // Full at the capacity: Critical could still evict, Sheddable could not.
     assert!(!q.looks_full_for(Criticality::Critical));
     assert!(q.looks_full_for(Criticality::Sheddable));
-    // Every bound within 1..=capacity.
-    assert_eq!(q.set_bounds_per_tier([0, 100, 1, 8]), [1, 8, 1, 8]);
+    // Every bound within 1..=capacity, and at least a lower tier's.
+    assert_eq!(q.set_bounds_per_tier([0, 100, 1, 8]), [1, 8, 8, 8]);
+    assert_eq!(q.set_bounds_per_tier([3, 2, 5, 4]), [3, 3, 5, 5]);
 }
