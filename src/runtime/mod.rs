@@ -431,6 +431,14 @@ impl<T: Send + Sync + 'static> Runtime<T> {
         LoadLevel(self.inner.load_level())
     }
 
+    /// Of the highest tier pull-based admission refuses, how many of its cohorts (slices of
+    /// its users, `0..=`[`COHORTS`](crate::admission::COHORTS)) are admitted all the same
+    /// (see [`PullAdmission::admitted_set`](crate::admission::PullAdmission::admitted_set));
+    /// 0 while nothing is refused. The gauge `triage_cohorts_admitted`, read in process.
+    pub fn admitted_cohorts(&self) -> u8 {
+        self.inner.signals.shed().1
+    }
+
     /// Waits until every attached source has finished (returned `None`) and every message
     /// taken is settled: for finite sources (tests, the in-memory broker) before shutdown. A
     /// message held because its dead letter is refused for good (see [`DeadLetterSink`]) is

@@ -27,6 +27,7 @@ type KeyLocks = Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>;
 /// Runs `sc` through the FIFO; it stops once nothing offered can still be served in time.
 pub async fn run_fifo(sc: &Scenario, capacity: usize, clock: &Clock) -> Outcome {
     let wall = std::time::Instant::now();
+    let origin = clock.now();
     let tally = Arc::new(Mutex::new(Tally::default()));
     let work = Arc::new(Work::new(sc, Arc::clone(&tally), clock.clone()));
     let broker = SimBroker::new();
@@ -69,14 +70,19 @@ pub async fn run_fifo(sc: &Scenario, capacity: usize, clock: &Clock) -> Outcome 
     for t in tasks {
         t.abort();
     }
-    let goodput = tally.lock().goodput();
+    let (goodput, offers) = {
+        let tally = tally.lock();
+        (tally.goodput(), tally.offers(origin))
+    };
     Outcome {
         goodput,
         stats: None,
         balances: true,
         shed_series: Vec::new(),
+        cohort_series: Vec::new(),
         recovery: None,
         resubmitted: 0,
+        offers,
         max_alive: 0,
         wall: wall.elapsed(),
     }

@@ -30,15 +30,23 @@ fn offer(sc: &Scenario, rng: &mut fastrand::Rng, tally: &Mutex<Tally>, published
             z.small
         }
     });
-    tally.lock().offer(|id| Msg {
-        id,
-        tier,
-        deadline: published + sc.mix.windows[tier],
-        to_b: sc.outcomes.bound_for_b(sc.seed, id),
-        size,
-        key,
-        resubmits: 0,
-        cohort: cohort(key.unwrap_or_else(|| hash::bits(sc.seed, 4, id)), 0),
+    tally.lock().offer(|id| {
+        // Each tier's users are its own: a user is (tier, index), hashed for its cohort.
+        let user = key.unwrap_or_else(|| hash::bits(sc.seed, 5, id) % u64::from(sc.users.max(1)));
+        let user_bits =
+            key.unwrap_or_else(|| hash::bits(sc.seed, 6, (tier.rank() as u64) << 32 | user));
+        Msg {
+            id,
+            tier,
+            published,
+            deadline: published + sc.mix.windows[tier],
+            to_b: sc.outcomes.bound_for_b(sc.seed, id),
+            size,
+            key,
+            resubmits: 0,
+            user,
+            cohort: cohort(user_bits, 0),
+        }
     })
 }
 

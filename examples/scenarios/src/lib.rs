@@ -32,6 +32,7 @@ pub mod scenario;
 pub mod service;
 pub mod tally;
 pub mod triaged;
+pub mod users;
 pub mod work;
 
 pub use consumer::Consumer;

@@ -117,6 +117,8 @@ fn same(a: &Outcome, b: &Outcome) -> bool {
     a.goodput == b.goodput
         && a.stats.map(|s| s.ledger) == b.stats.map(|s| s.ledger)
         && a.shed_series == b.shed_series
+        && a.cohort_series == b.cohort_series
+        && a.offers == b.offers
 }
 
 fn cross_check(scenarios: &[Scenario]) {

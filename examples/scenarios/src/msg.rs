@@ -11,6 +11,8 @@ pub struct Msg {
     pub id: u64,
     /// Its tier.
     pub tier: Criticality,
+    /// When the producer first published it (a backlog's messages: before the run started).
+    pub published: Instant,
     /// Publish time plus its tier's window.
     pub deadline: Instant,
     /// Bound for downstream `b` (the one that may fail).
@@ -21,8 +23,11 @@ pub struct Msg {
     pub key: Option<u64>,
     /// Times its producer re-published it after it was shed (the retry storm).
     pub resubmits: u32,
+    /// The user it serves, one of its tier's [`Scenario::users`](crate::Scenario::users)
+    /// (drawn from the seed and its id); in key mode its ordering key.
+    pub user: u64,
     /// The cohort of the user it serves (see `triage::admission::cohort`): its key's in key
-    /// mode, otherwise its own (each message its own user). Set by the generator with a fixed
+    /// mode, otherwise its user's within its tier. Set by the generator with a fixed
     /// rotation period: the runtime's own choice, for a message without one, mixes in the
     /// wall clock's hour, and a run would then differ from one hour to the next.
     pub cohort: u8,

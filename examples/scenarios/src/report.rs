@@ -125,6 +125,8 @@ pub fn render(rows: &[Row<'_>], search: Option<&Search>, command: &str, wall: Du
         let _ = writeln!(o, "{line}");
     }
 
+    o.push_str(&crate::users::section(rows));
+
     if let Some(s) = search {
         bars(&mut o, rows, s);
     }

@@ -61,6 +61,9 @@ pub struct Scenario {
     /// Work already waiting in the broker at the start: this long of 1x traffic, published
     /// over the time before the start (oldest first), so its deadlines run from then.
     pub backlog: Option<Duration>,
+    /// Users per tier, each message's drawn uniformly from its tier's (in key mode the key
+    /// is the user): the cohorts pull-based admission admits a partly admitted tier by.
+    pub users: u32,
     /// Key mode with a hot key.
     pub hot_key: Option<HotKey>,
     /// Payload sizes.
@@ -130,6 +133,10 @@ impl Scenario {
     }
 }
 
+/// Users per tier in every scenario: a few hundred, so that each of the 128 cohorts holds
+/// two or three of a tier's users.
+pub const USERS: u32 = 300;
+
 fn s(secs: u64) -> Duration {
     Duration::from_secs(secs)
 }
@@ -145,6 +152,7 @@ fn base(name: &'static str, summary: &'static str, arrival: Arrival) -> Scenario
         mix: Mix::standard(),
         arrival,
         backlog: None,
+        users: USERS,
         hot_key: None,
         sizes: None,
         memory_budget: None,

@@ -6,6 +6,7 @@ use triage::PerTier;
 
 use crate::goodput::{Goodput, TierRow};
 use crate::msg::Msg;
+use crate::users::Offered;
 
 /// Messages offered and their first completion.
 #[derive(Debug, Default)]
@@ -53,5 +54,21 @@ impl Tally {
             }
         }
         Goodput { tiers }
+    }
+
+    /// Every message offered, with its user and whether it was served in time, timed from
+    /// `start` (a backlog's messages, published before it, at 0): the per-user report's input.
+    pub fn offers(&self, start: Instant) -> Vec<Offered> {
+        self.msgs
+            .iter()
+            .zip(&self.done)
+            .map(|(m, done)| Offered {
+                tier: m.tier,
+                user: m.user,
+                cohort: m.cohort,
+                at: m.published.saturating_duration_since(start),
+                in_time: done.is_some_and(|at| at <= m.deadline),
+            })
+            .collect()
     }
 }

@@ -75,6 +75,7 @@ fn resubmit_shed(main: &SimBroker, clock: &Clock, count: &Arc<AtomicU64>) -> OnS
 /// budget applied on top).
 pub async fn run_triage(sc: &Scenario, config: RuntimeConfig, clock: &Clock) -> Outcome {
     let wall = std::time::Instant::now();
+    let origin = clock.now();
     let start = tokio::time::Instant::now();
     let tally = Arc::new(Mutex::new(Tally::default()));
     let work = Arc::new(Work::new(sc, Arc::clone(&tally), clock.clone()));
@@ -107,9 +108,11 @@ pub async fn run_triage(sc: &Scenario, config: RuntimeConfig, clock: &Clock) -> 
     rt.attach_drain(deferred.source());
 
     let mut series = Vec::new();
+    let mut cohorts = Vec::new();
     let mut max_alive = 0u64;
     let mut sample = |rt: &Runtime<Msg>| {
         series.push((start.elapsed(), rt.load().shed_tiers()));
+        cohorts.push(rt.admitted_cohorts());
         max_alive = max_alive.max(rt.stats().alive);
     };
     {
@@ -138,13 +141,18 @@ pub async fn run_triage(sc: &Scenario, config: RuntimeConfig, clock: &Clock) -> 
     main.on_settle(None);
     deferred.on_settle(None);
     let report = rt.shutdown(Duration::from_secs(10)).await;
-    let goodput = tally.lock().goodput();
+    let (goodput, offers) = {
+        let tally = tally.lock();
+        (tally.goodput(), tally.offers(origin))
+    };
     Outcome {
         goodput,
         stats: Some(report.stats),
         balances: report.stats.balances() && report.stats.alive == 0,
         recovery: sc.step.map(|st| recovery(&series, st.start, st.end)),
         shed_series: series,
+        cohort_series: cohorts,
+        offers,
         resubmitted: resubmitted.load(Ordering::Relaxed),
         max_alive,
         wall: wall.elapsed(),
