@@ -458,6 +458,7 @@ impl PermitRef<'_> {
     /// again (two writes to the in-flight count every worker writes): only if a `tier` job
     /// could take a slot were this one released, so no share is overrun. `Err` gives the slot
     /// back, to release.
+    #[inline]
     pub(crate) fn pass_to(mut self, tier: Criticality) -> Result<Self, Self> {
         let inner = self.0.inner;
         let in_flight = inner.in_flight.load(Ordering::Relaxed);

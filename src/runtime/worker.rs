@@ -301,32 +301,31 @@ where
     }
     let tier = item.tier();
     // The previous handler's slot, if this item's tier may use it: passed on rather than
-    // released and taken again. Else released here.
-    let passed = match kept.take().map(|slot| slot.pass_to(tier)) {
-        Some(Ok(slot)) => Some(slot),
-        _ => None,
-    };
+    // released and taken again. Else released here. (Branches rather than a chain of
+    // `Option` combinators, which moved the slot through byte-wide temporaries the next read
+    // had to wait for.)
+    let passed = kept.take().and_then(|slot| slot.pass_to(tier).ok());
     // The pop applied the tier mask of the shares (`worker_mask`); another worker may have
     // taken the last slot since. With work-conserving shares a popped item borrows an idle
     // slot rather than sitting on it until its share frees; else it waits within its share.
-    let permit = match passed
-        .or_else(|| inner.limit.try_acquire_ref(tier))
-        .or_else(|| {
-            inner
-                .config()
-                .work_conserving
-                .then(|| inner.limit.try_acquire_ref_up_to(tier, inner.limit.limit()))
-                .flatten()
-        }) {
-        Some(p) => p,
-        None => {
-            // Nothing the tally holds waits behind a slot (nor is lost if the worker is
-            // dropped here at shutdown).
-            local.flush(inner);
-            let p = inner.limit.acquire_ref(tier).await;
-            now = inner.clock.now();
-            p
-        }
+    let permit = if let Some(p) = passed {
+        p
+    } else if let Some(p) = inner.limit.try_acquire_ref(tier) {
+        p
+    } else if let Some(p) = inner
+        .config()
+        .work_conserving
+        .then(|| inner.limit.try_acquire_ref_up_to(tier, inner.limit.limit()))
+        .flatten()
+    {
+        p
+    } else {
+        // Nothing the tally holds waits behind a slot (nor is lost if the worker is dropped
+        // here at shutdown).
+        local.flush(inner);
+        let p = inner.limit.acquire_ref(tier).await;
+        now = inner.clock.now();
+        p
     };
     // Published before the check reads the recall generation (see `recall.rs`).
     local.running.enter(&item);
@@ -355,10 +354,14 @@ where
     };
     let started = now;
     // A panic while building the future, or while polling it, is a failure like any other.
-    let (outcome, at_first_poll) = match std::panic::catch_unwind(AssertUnwindSafe(|| handler(job)))
-    {
+    // The future is wrapped where it is built, not moved into its wrapper after: a move just
+    // after it is built reads its state back while the stores that wrote it are in flight.
+    let built = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        AssertUnwindSafe(handler(job)).catch_unwind()
+    }));
+    let (outcome, at_first_poll) = match built {
         Ok(fut) => {
-            let mut fut = std::pin::pin!(AssertUnwindSafe(fut).catch_unwind());
+            let mut fut = std::pin::pin!(fut);
             match futures_util::poll!(fut.as_mut()) {
                 Poll::Ready(outcome) => (outcome, true),
                 Poll::Pending => {
