@@ -67,10 +67,11 @@ pub fn derived_lookahead(pull: &PullAdmission, floor: usize) -> Option<usize> {
 
 /// Each tier's bound for pulled work now, in messages, indexed by [`Criticality::rank`]:
 /// [`SLACK_SHARE`] × measured capacity × the tier's mean slack at intake, at least `prefetch`;
-/// `usize::MAX` (the configured capacity) for a tier whose slack was never measured; and never
-/// below the bound of a lower tier, so that no message is refused for room where a less
-/// important one would be queued. `None` when there is no capacity estimate or no tier's
-/// slack was measured.
+/// a tier whose slack was never measured is bounded as the tier below it, or not at all
+/// (`usize::MAX`: the configured capacity) above the highest measured tier; and no bound is
+/// below a lower tier's, so that no message is refused for room where a less important one
+/// would be queued. `None` when there is no capacity estimate or no tier's slack was
+/// measured.
 ///
 /// # Examples
 ///
@@ -100,25 +101,29 @@ pub fn derived_lookahead(pull: &PullAdmission, floor: usize) -> Option<usize> {
 /// ```
 pub fn derived_bounds(pull: &PullAdmission, prefetch: usize) -> Option<[usize; 4]> {
     let capacity = pull.capacity()?;
-    let mut any = false;
-    let bounds = Criticality::ALL.map(|t| match pull.slack(t) {
-        Some(slack) => {
-            any = true;
+    // By rank, Sheddable first: the measured tiers' bounds.
+    let mut measured = [None; 4];
+    for t in Criticality::ALL {
+        measured[t.rank()] = pull.slack(t).map(|slack| {
             // Saturating float-to-int: a huge bound is clamped by the queue's capacity anyway.
             let bound = (SLACK_SHARE * capacity * slack.as_secs_f64()).ceil() as usize;
             bound.max(prefetch).max(1)
-        }
-        None => usize::MAX,
-    });
-    // `Criticality::ALL` is Critical first; the bounds are by rank, Sheddable first.
-    let mut by_rank = [usize::MAX; 4];
-    for (t, b) in Criticality::ALL.into_iter().zip(bounds) {
-        by_rank[t.rank()] = b;
+        });
     }
-    for rank in 1..4 {
-        by_rank[rank] = by_rank[rank].max(by_rank[rank - 1]);
+    let highest = measured.iter().rposition(Option::is_some)?;
+    let lowest = measured.iter().position(Option::is_some)?;
+    // A tier without a measured slack below the highest measured one (no message with a
+    // deadline, most often no message at all) is bounded as the tier below it (the lowest ones
+    // as the lowest measured tier): bounded at all, so that it cannot lift the bounds above it.
+    // Above the highest measured tier, none is derived. Then no tier's bound is below a lower
+    // tier's.
+    let mut bounds = [usize::MAX; 4];
+    let mut floor = measured[lowest].unwrap_or(usize::MAX);
+    for rank in 0..=highest {
+        floor = floor.max(measured[rank].unwrap_or(floor));
+        bounds[rank] = floor;
     }
-    any.then_some(by_rank)
+    Some(bounds)
 }
 
 #[cfg(test)]
@@ -202,6 +207,50 @@ mod tests {
         let (mut a, mut s) = fresh();
         drive(&mut a, &mut s, 20, 400.0, [100, 250, 50, 1000]);
         assert_eq!(derived_bounds(&a, 16), Some([20, 50, 50, 200]));
+    }
+
+    #[test]
+    fn a_tier_without_deadlines_neither_lifts_nor_lowers_the_others() {
+        // Medium and High carry no deadlines: bounded as Sheddable, below Critical's 200.
+        let (mut b, mut t) = fresh();
+        let mix = [0.4, 0.3, 0.2, 0.1];
+        for _ in 0..20 {
+            t.at += ms(100);
+            for (r, share) in mix.iter().enumerate() {
+                let n = (400.0 * share / 10.0) as u64;
+                t.pulled[r] += n;
+                if r == 0 || r == 3 {
+                    t.with_deadline[r] += n;
+                    t.slack[r] += ms(if r == 0 { 100 } else { 1000 }) * n as u32;
+                }
+            }
+            t.served += 80;
+            t.busy += ms(800);
+            b.observe(&t);
+        }
+        assert_eq!(derived_bounds(&b, 16), Some([20, 20, 20, 200]));
+        // Critical without deadlines: not bounded; Sheddable's alone below it, as the rest.
+        let mut c = PullAdmission::new(&PullAdmissionConfig::default());
+        let mut u = PullSample {
+            limit: 8,
+            lag: Some(0),
+            ..PullSample::default()
+        };
+        for _ in 0..20 {
+            u.at += ms(100);
+            u.pulled[0] += 16;
+            u.pulled[3] += 4;
+            u.with_deadline[1] += 12;
+            u.pulled[1] += 12;
+            u.slack[1] += ms(250) * 12;
+            u.served += 80;
+            u.busy += ms(800);
+            c.observe(&u);
+        }
+        assert_eq!(
+            derived_bounds(&c, 16),
+            Some([50, 50, usize::MAX, usize::MAX])
+        );
     }
 
     #[test]
