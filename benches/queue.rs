@@ -659,7 +659,7 @@ fn runtime_refuse(c: &mut Criterion) {
             workers: 1.try_into().expect("non-zero"),
             ..RuntimeConfig::default()
         };
-        config.queue.capacity = 4.try_into().expect("non-zero");
+        config.expert.queue.capacity = 4.try_into().expect("non-zero");
         config.policy = PerTier::new(
             RefusalPolicy::Backpressure,
             RefusalPolicy::Backpressure,
@@ -721,7 +721,7 @@ fn runtime_refuse_rate(c: &mut Criterion) {
             workers: 1.try_into().expect("non-zero"),
             ..RuntimeConfig::default()
         };
-        config.queue.admission = QueueAgeConfig::disabled();
+        config.expert.queue.admission = QueueAgeConfig::disabled();
         config.buckets = BucketsConfig::default()
             .with(
                 Criticality::High,
@@ -783,9 +783,12 @@ fn runtime_refuse_circuit(c: &mut Criterion) {
     let runtime = rt.block_on(async {
         let mut config = RuntimeConfig {
             workers: 1.try_into().expect("non-zero"),
-            breaker: BreakerConfig {
-                min_calls: 1,
-                ..BreakerConfig::default()
+            expert: triage::runtime::ExpertConfig {
+                breaker: BreakerConfig {
+                    min_calls: 1,
+                    ..BreakerConfig::default()
+                },
+                ..triage::runtime::ExpertConfig::default()
             },
             ..RuntimeConfig::default()
         };

@@ -32,12 +32,12 @@ async fn triage_run(broker: MemoryBroker<u64>) -> Duration {
         workers: 8.try_into().expect("non-zero"),
         ..RuntimeConfig::default()
     };
-    config.queue.admission = QueueAgeConfig::disabled();
+    config.expert.queue.admission = QueueAgeConfig::disabled();
     if let Some(p) = std::env::var("BENCH_PREFETCH")
         .ok()
         .and_then(|v| v.parse().ok())
     {
-        config.admission.prefetch_per_slot = p;
+        config.expert.admission.prefetch_per_slot = p;
     }
     config.policy = PerTier::splat(RefusalPolicy::Backpressure);
     let mut runtime = Runtime::builder(config)

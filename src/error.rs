@@ -2,10 +2,11 @@
 
 use std::fmt;
 
-/// A configuration value outside its allowed range.
+/// A configuration value outside its allowed range, or a field that no longer exists.
 ///
 /// The message names the field by its path in the config file, the value given, and the range
-/// allowed, e.g. `queue.weights.high = 0 is out of range: allowed 1..=1000`.
+/// allowed, e.g. `expert.queue.weights.high = 0 is out of range: allowed 1..=1000`; for a field
+/// that no longer exists, what replaced it ([`ConfigError::replaced`]).
 ///
 /// # Examples
 ///
@@ -16,12 +17,14 @@ use std::fmt;
 /// config.admission.cutoff_ms.high = 900; // above critical's 400
 /// let err = config.validate().unwrap_err();
 /// assert_eq!(err.field(), "queue.admission.cutoff_ms.high");
+/// assert_eq!(err.allowed(), "1..=400 (at most cutoff_ms.critical: a lower tier is shed first)");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError {
     field: String,
     value: String,
     allowed: String,
+    replaced: bool,
 }
 
 impl ConfigError {
@@ -35,6 +38,18 @@ impl ConfigError {
             field: field.into(),
             value: value.to_string(),
             allowed: allowed.into(),
+            replaced: false,
+        }
+    }
+
+    /// A `field` (its path in the config file) that no longer exists, with what replaced it:
+    /// `replacement` says what to write instead, e.g. ``write `expert.queue` only``.
+    pub fn replaced(field: impl Into<String>, replacement: impl Into<String>) -> Self {
+        ConfigError {
+            field: field.into(),
+            value: String::new(),
+            allowed: replacement.into(),
+            replaced: true,
         }
     }
 
@@ -43,12 +58,12 @@ impl ConfigError {
         &self.field
     }
 
-    /// The value that was given, as text.
+    /// The value that was given, as text (empty for a field that no longer exists).
     pub fn value(&self) -> &str {
         &self.value
     }
 
-    /// The allowed range or set, as text.
+    /// The allowed range or set, as text; for a field that no longer exists, what replaced it.
     pub fn allowed(&self) -> &str {
         &self.allowed
     }
@@ -63,6 +78,9 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.replaced {
+            return write!(f, "{} no longer exists: {}", self.field, self.allowed);
+        }
         write!(
             f,
             "{} = {} is out of range: allowed {}",

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use triage::admission::{BucketConfig, BucketsConfig, MemoryConfig, QueueAgeConfig};
+use triage::admission::{BucketConfig, BucketsConfig, QueueAgeConfig};
 use triage::quanta::Clock;
 use triage::runtime::{Ack, Envelope, Job, RefusalPolicy, Runtime, RuntimeConfig, SubmitError};
 use triage::{Criticality, PerTier};
@@ -16,8 +16,8 @@ fn config() -> RuntimeConfig {
         workers: 1.try_into().unwrap(),
         ..RuntimeConfig::default()
     };
-    config.queue.admission = QueueAgeConfig::disabled();
-    config.queue.capacity = 20_000.try_into().unwrap();
+    config.expert.queue.admission = QueueAgeConfig::disabled();
+    config.expert.queue.capacity = 20_000.try_into().unwrap();
     config
 }
 
@@ -160,7 +160,7 @@ async fn critical_borrows_from_high_and_high_does_not_borrow() {
 #[tokio::test(flavor = "current_thread")]
 async fn memory_accounting_is_exact() {
     let mut config = config();
-    config.memory = MemoryConfig::with_budget(2000); // Sheddable 1000, Medium 1400, High 1700
+    config.memory.budget_bytes = Some(2000); // Sheddable 1000, Medium 1400, High 1700
     config.policy = PerTier::new(
         RefusalPolicy::Backpressure,
         RefusalPolicy::Backpressure,
@@ -222,7 +222,7 @@ async fn the_gauges_match_the_buckets_and_the_bytes_held() {
     config.buckets = BucketsConfig::default()
         .with(High, Some(BucketConfig::per_second(10.0).burst(4)))
         .with(Sheddable, Some(BucketConfig::per_second(10.0).burst(8)));
-    config.memory = MemoryConfig::with_budget(1 << 20);
+    config.memory.budget_bytes = Some(1 << 20);
     let (rt, handle) = started_with_scrape(config, clock);
     for i in 0..2 {
         rt.try_submit(env(i, High).with_size_bytes(1000)).unwrap();
@@ -319,7 +319,7 @@ async fn buckets_and_memory_budget_are_reconfigured_live() {
     // 100/s, burst 10: after 50 ms, 5 tokens.
     config.buckets =
         BucketsConfig::default().with(Sheddable, Some(BucketConfig::per_second(100.0).burst(10)));
-    config.memory = MemoryConfig::with_budget(1000);
+    config.memory.budget_bytes = Some(1000);
     rt.reconfigure(config.clone()).unwrap();
     mock.increment(Duration::from_millis(50));
     assert_eq!(rt.buckets().tokens(Sheddable), 5);

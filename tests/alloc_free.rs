@@ -135,7 +135,7 @@ async fn runtime_refuse_decision_allocates_nothing() {
         workers: 1.try_into().unwrap(),
         ..RuntimeConfig::default()
     };
-    config.queue.capacity = 4.try_into().unwrap();
+    config.expert.queue.capacity = 4.try_into().unwrap();
     config.policy = PerTier::new(
         RefusalPolicy::Backpressure,
         RefusalPolicy::Backpressure,
@@ -220,9 +220,12 @@ async fn circuit_refusal_allocates_nothing() {
     use triage::admission::{BreakerConfig, CircuitState};
     let mut config = RuntimeConfig {
         workers: 1.try_into().unwrap(),
-        breaker: BreakerConfig {
-            min_calls: 1,
-            ..BreakerConfig::default()
+        expert: triage::runtime::ExpertConfig {
+            breaker: BreakerConfig {
+                min_calls: 1,
+                ..BreakerConfig::default()
+            },
+            ..triage::runtime::ExpertConfig::default()
         },
         ..RuntimeConfig::default()
     };
@@ -290,7 +293,7 @@ async fn runtime_rate_refusal_allocates_nothing() {
         workers: 1.try_into().unwrap(),
         ..RuntimeConfig::default()
     };
-    config.queue.admission = QueueAgeConfig::disabled();
+    config.expert.queue.admission = QueueAgeConfig::disabled();
     config.buckets = BucketsConfig::default()
         .with(
             Criticality::High,
@@ -366,7 +369,7 @@ async fn runtime_allocations(messages: u64) -> u64 {
         workers: 8.try_into().unwrap(),
         ..RuntimeConfig::default()
     };
-    config.queue.admission = QueueAgeConfig::disabled();
+    config.expert.queue.admission = QueueAgeConfig::disabled();
     config.policy = PerTier::splat(RefusalPolicy::Backpressure);
     let mut runtime = Runtime::builder(config)
         .start(|job: Job<u64>| async move {

@@ -22,16 +22,19 @@ const RECOVERY: Duration = Duration::from_millis(1_000);
 
 fn config(policy: RefusalPolicy) -> RuntimeConfig {
     let mut c = RuntimeConfig {
-        // The mock clock does not move while handlers run: no capacity to measure.
-        admission: PullAdmissionConfig::disabled(),
         policy: PerTier::new(policy, policy, policy, policy),
-        breaker: BreakerConfig {
-            failure_rate: 0.5,
-            window_ms: 10_000,
-            min_calls: MIN_CALLS,
-            recovery_ms: RECOVERY.as_millis() as u64,
-            half_open_probes: PROBES,
-            ..BreakerConfig::default()
+        expert: triage::runtime::ExpertConfig {
+            // The mock clock does not move while handlers run: no capacity to measure.
+            admission: PullAdmissionConfig::disabled(),
+            breaker: BreakerConfig {
+                failure_rate: 0.5,
+                window_ms: 10_000,
+                min_calls: MIN_CALLS,
+                recovery_ms: RECOVERY.as_millis() as u64,
+                half_open_probes: PROBES,
+                ..BreakerConfig::default()
+            },
+            ..triage::runtime::ExpertConfig::default()
         },
         ..RuntimeConfig::default()
     };
@@ -265,21 +268,25 @@ async fn breaker_settings_change_live_all_or_nothing() {
         clock,
     );
     let mut next = config(RefusalPolicy::Drop);
-    next.breaker.recovery_ms = 30_000;
-    next.breaker.failure_rate = 0.2;
+    next.expert.breaker.recovery_ms = 30_000;
+    next.expert.breaker.failure_rate = 0.2;
     runtime.reconfigure(next.clone()).unwrap();
     assert_eq!(runtime.breakers().config().recovery_ms, 30_000);
     assert_eq!(runtime.breakers().config().failure_rate, 0.2);
 
     let mut bad = next.clone();
-    bad.breaker.half_open_probes = 0;
-    bad.breaker.recovery_ms = 1;
+    bad.expert.breaker.half_open_probes = 0;
+    bad.expert.breaker.recovery_ms = 1;
     let err = runtime.reconfigure(bad).unwrap_err();
     assert!(
-        err.to_string().contains("breaker.half_open_probes"),
+        err.to_string().contains("expert.breaker.half_open_probes"),
         "{err}"
     );
     assert!(err.to_string().contains("1..=10000"), "{err}");
-    assert_eq!(runtime.breakers().config(), next.breaker, "nothing changed");
+    assert_eq!(
+        runtime.breakers().config(),
+        next.expert.breaker,
+        "nothing changed"
+    );
     runtime.shutdown(Duration::from_secs(1)).await;
 }

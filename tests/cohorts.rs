@@ -26,7 +26,10 @@ async fn overload(with_users: bool, names: &str) -> (PerUser, f64) {
     let clock = common::following_tokio();
     let config = RuntimeConfig {
         workers: 4.try_into().unwrap(),
-        poll_interval_ms: 1,
+        expert: triage::runtime::ExpertConfig {
+            poll_interval_ms: 1,
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     };
     let done: Arc<Mutex<Vec<u32>>> = Arc::default();

@@ -47,7 +47,10 @@ async fn under_a_forced_level_a_copy_that_could_not_return_in_time_is_shed_not_d
     let sink = Arc::new(MemorySink::new());
     let config = RuntimeConfig {
         forced_shed_level: 2,
-        poll_interval_ms: 1,
+        expert: triage::runtime::ExpertConfig {
+            poll_interval_ms: 1,
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     };
     let mut rt = Runtime::builder(config)

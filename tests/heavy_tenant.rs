@@ -49,7 +49,10 @@ async fn overload(tenant_share: f64, tenant: &str) -> (Medium, f64) {
     let clock = common::following_tokio();
     let config = RuntimeConfig {
         workers: 4.try_into().unwrap(),
-        poll_interval_ms: 1,
+        expert: triage::runtime::ExpertConfig {
+            poll_interval_ms: 1,
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     };
     // (id, ended at) of every handler run that succeeded.

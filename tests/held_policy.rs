@@ -18,8 +18,11 @@ async fn a_held_high_message_does_not_hold_the_defer_tiers_behind_it() {
     // held (backpressure), Medium and Sheddable deferred (a defer sink is given).
     let config = RuntimeConfig {
         workers: 4.try_into().unwrap(),
-        poll_interval_ms: 1,
         forced_shed_level: 3,
+        expert: triage::runtime::ExpertConfig {
+            poll_interval_ms: 1,
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     };
     let sink = Arc::new(MemorySink::new());

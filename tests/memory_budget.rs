@@ -8,7 +8,6 @@ mod common;
 
 use std::time::Duration;
 
-use triage::admission::MemoryConfig;
 use triage::runtime::{Ack, Envelope, Job, RefusalPolicy, Runtime, RuntimeConfig, Source};
 use triage::{Criticality, PerTier};
 
@@ -75,9 +74,9 @@ async fn bytes_held_never_pass_the_budget_and_tiers_are_refused_in_order() {
         workers: 2.try_into().unwrap(),
         ..RuntimeConfig::default()
     };
-    config.admission.enabled = false;
-    config.admission.prefetch_per_slot = 1000;
-    config.memory = MemoryConfig::with_budget(BUDGET);
+    config.expert.admission.enabled = false;
+    config.expert.admission.prefetch_per_slot = 1000;
+    config.memory.budget_bytes = Some(BUDGET);
     // Critical and High wait (backpressure), Medium and Sheddable are dropped.
     config.policy = PerTier::new(
         RefusalPolicy::Backpressure,

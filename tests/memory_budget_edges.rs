@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::sync::Semaphore;
-use triage::admission::{MemoryBudget, MemoryConfig};
+use triage::admission::MemoryBudget;
 use triage::runtime::{Ack, Envelope, Job, RefusalPolicy, Runtime, RuntimeConfig, Source};
 use triage::{Criticality, PerTier};
 
@@ -53,11 +53,14 @@ fn message(n: u32, tier: Criticality, size: usize, key: Option<u64>) -> Planned 
 fn config(workers: usize, budget: u64) -> RuntimeConfig {
     let mut c = RuntimeConfig {
         workers: workers.try_into().unwrap(),
-        poll_interval_ms: 1,
+        expert: triage::runtime::ExpertConfig {
+            poll_interval_ms: 1,
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     };
-    c.admission.enabled = false;
-    c.memory = MemoryConfig::with_budget(budget);
+    c.expert.admission.enabled = false;
+    c.memory.budget_bytes = Some(budget);
     c.policy = PerTier::new(
         RefusalPolicy::Backpressure,
         RefusalPolicy::Backpressure,
@@ -225,7 +228,7 @@ async fn a_reconfiguration_forgets_the_largest_message() {
     })
     .await;
     let mut config = (*rt.config()).clone();
-    config.memory.thresholds[Criticality::Sheddable] = 0.4;
+    config.expert.memory.thresholds[Criticality::Sheddable] = 0.4;
     assert_eq!(rt.reconfigure(config).unwrap().changes.len(), 1);
     gate.add_permits(1);
     rt.wait_idle().await;
@@ -247,9 +250,9 @@ async fn a_reconfiguration_forgets_the_largest_message() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn sizes_claimed_past_u64_leave_with_their_messages() {
     let mut config = config(1, 1000);
-    config.memory = MemoryConfig::default();
+    config.memory = triage::runtime::MemoryBudgetConfig::default();
     // All four queued before the worker runs: one batch.
-    config.admission.prefetch_per_slot = 64;
+    config.expert.admission.prefetch_per_slot = 64;
     let mut rt = Runtime::builder(config.clone())
         .start(|_job: Job<u32>| async { Ok(()) })
         .unwrap();
@@ -271,7 +274,7 @@ async fn sizes_claimed_past_u64_leave_with_their_messages() {
     assert_eq!(rt.stats().ledger.total().completed, 20);
     assert_eq!((memory.held(), memory.peak()), (0, u64::MAX));
     // A budget set now finds nothing held: the intake pulls.
-    config.memory = MemoryConfig::with_budget(1000);
+    config.memory.budget_bytes = Some(1000);
     rt.reconfigure(config).unwrap();
     assert!(rt.memory().may_pull());
     let report = rt.shutdown(Duration::from_secs(1)).await;

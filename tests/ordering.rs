@@ -20,13 +20,16 @@ use triage::Criticality;
 fn config(workers: usize, capacity: usize) -> RuntimeConfig {
     RuntimeConfig {
         workers: workers.try_into().unwrap(),
-        queue: WfqConfig::with_capacity(capacity),
-        retry: RetryConfig {
-            max_retries: 3,
-            base_backoff_ms: 1,
-            max_backoff_ms: 3,
+        retry: RetryConfig { max_retries: 3 },
+        expert: triage::runtime::ExpertConfig {
+            retry: triage::runtime::BackoffConfig {
+                base_backoff_ms: 1,
+                max_backoff_ms: 3,
+            },
+            queue: WfqConfig::with_capacity(capacity),
+            poll_interval_ms: 1,
+            ..triage::runtime::ExpertConfig::default()
         },
-        poll_interval_ms: 1,
         ..RuntimeConfig::default()
     }
 }
@@ -283,7 +286,7 @@ async fn parked_messages_are_bounded_and_the_source_waits() {
     broker.close();
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let mut c = config(4, 64);
-    c.max_parked = 10.try_into().unwrap();
+    c.expert.max_parked = 10.try_into().unwrap();
     let order: Arc<Mutex<Vec<u32>>> = Arc::default();
     let (g, o) = (Arc::clone(&gate), Arc::clone(&order));
     let mut rt = Runtime::builder(c)
@@ -422,7 +425,7 @@ async fn a_long_run_of_one_keys_messages_shed_in_turn_does_not_grow_the_stack() 
     }
     broker.close();
     let mut c = config(1, 64);
-    c.max_parked = (RUN as usize * 2).try_into().unwrap();
+    c.expert.max_parked = (RUN as usize * 2).try_into().unwrap();
     // Sheddable is refused whatever the signals, and dropped.
     c.forced_shed_level = 1;
     c.policy[Criticality::Sheddable] = RefusalPolicy::Drop;

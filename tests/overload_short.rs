@@ -21,11 +21,11 @@ async fn three_x_overload_keeps_critical_goodput_and_the_ledger_balanced() {
     // mostly expire on their way back), and none of Sheddable's 100 ms window is.
     let mut base = triage::runtime::RuntimeConfig {
         workers: 8.try_into().unwrap(),
-        poll_interval_ms: 1,
         ..triage::runtime::RuntimeConfig::default()
     };
-    base.queue.capacity = 256.try_into().unwrap();
-    base.admission.recover_ms = 150;
+    base.expert.poll_interval_ms = 1;
+    base.expert.queue.capacity = 256.try_into().unwrap();
+    base.expert.admission.recover_ms = 150;
     let mut windows = sim::Params::default().windows;
     windows[Criticality::Medium] = Duration::from_secs(2);
     let params = sim::Params {

@@ -161,8 +161,11 @@ fn in_step(mock: Arc<Mock>) {
 fn config() -> RuntimeConfig {
     RuntimeConfig {
         workers: 2.try_into().unwrap(),
-        queue: WfqConfig::with_capacity(64),
-        share_reserve_ms: 1_000,
+        expert: triage::runtime::ExpertConfig {
+            queue: WfqConfig::with_capacity(64),
+            share_reserve_ms: 1_000,
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     }
 }
@@ -413,13 +416,16 @@ async fn a_keyed_message_released_from_the_queue_takes_its_key_along() {
 fn patience_share_out_of_range_is_refused_naming_the_field() {
     for share in [0.0, 0.04, 0.96, 1.0, f64::NAN] {
         let c = RuntimeConfig {
-            patience_share: share,
+            expert: triage::runtime::ExpertConfig {
+                patience_share: share,
+                ..triage::runtime::ExpertConfig::default()
+            },
             ..RuntimeConfig::default()
         };
         let err = c.validate().unwrap_err();
-        assert_eq!(err.field(), "patience_share");
+        assert_eq!(err.field(), "expert.patience_share");
         assert_eq!(err.allowed(), "0.05..=0.95");
     }
     let c = RuntimeConfig::from_toml("patience_share = 0.5").unwrap();
-    assert_eq!(c.patience_share, 0.5);
+    assert_eq!(c.expert.patience_share, 0.5);
 }

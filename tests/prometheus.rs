@@ -82,7 +82,7 @@ async fn metrics_and_liveness_are_served() {
     }
     broker.close();
     let mut config = RuntimeConfig::default();
-    config.queue.capacity = 8.try_into().unwrap();
+    config.expert.queue.capacity = 8.try_into().unwrap();
     config.policy = PerTier::new(
         RefusalPolicy::Backpressure,
         RefusalPolicy::Backpressure,

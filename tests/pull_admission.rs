@@ -174,8 +174,8 @@ async fn a_copy_is_deferred_at_most_max_deferrals_times() {
         max_deferrals: 3,
         ..RuntimeConfig::default()
     };
-    config.queue.capacity = 1.try_into().unwrap();
-    config.queue.admission.enabled = false;
+    config.expert.queue.capacity = 1.try_into().unwrap();
+    config.expert.queue.admission.enabled = false;
     config.policy = PerTier::new(
         RefusalPolicy::Backpressure,
         RefusalPolicy::Backpressure,
@@ -237,7 +237,10 @@ async fn idle_workers_serve_lower_tiers_unless_shares_are_strict() {
         broker.close();
         let seen = Arc::new(Concurrency::default());
         let config = RuntimeConfig {
-            work_conserving,
+            expert: triage::runtime::ExpertConfig {
+                work_conserving,
+                ..triage::runtime::ExpertConfig::default()
+            },
             ..RuntimeConfig::default()
         };
         let mut rt = Runtime::builder(config)
@@ -388,7 +391,7 @@ fn copies_of(copies: &[(u32, triage::runtime::Republish)], tier: Criticality) ->
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_message_that_would_expire_before_any_drain_is_shed_not_deferred() {
     let mut config = RuntimeConfig::default();
-    config.admission.recover_ms = 5_000;
+    config.expert.admission.recover_ms = 5_000;
     // Offered about 1,000/s for two seconds, mix 10/20/30/40.
     let (report, copies) = overload(config, None, 0..2_000, |i, now| {
         let tier = MIX[(i % 10) as usize];
@@ -418,7 +421,7 @@ async fn a_message_that_would_expire_before_any_drain_is_shed_not_deferred() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_sustained_overload_stops_deferring_what_it_would_outlast() {
     let mut config = RuntimeConfig::default();
-    config.admission.recover_ms = 200;
+    config.expert.admission.recover_ms = 200;
     // Offered about 1,000/s for four seconds, 10% Critical (which fits: nothing is held, so
     // the source is never paused and Medium is read with its 2 s of slack nearly whole) and
     // the rest Medium and Sheddable.
@@ -452,11 +455,14 @@ async fn a_sustained_overload_stops_deferring_what_it_would_outlast() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_held_message_whose_copy_could_not_return_in_time_is_shed_to_make_room() {
     let mut config = RuntimeConfig {
-        max_held: 32.try_into().unwrap(),
+        expert: triage::runtime::ExpertConfig {
+            max_held: 32.try_into().unwrap(),
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     };
-    config.queue.capacity = 16.try_into().unwrap();
-    config.admission.recover_ms = 200;
+    config.expert.queue.capacity = 16.try_into().unwrap();
+    config.expert.admission.recover_ms = 200;
     // Offered about 1,000/s for three seconds: 10% Critical without a deadline, 30% High
     // (Backpressure), 60% Sheddable with 150 ms.
     let (report, copies) = overload(config, None, 0..3_000, |i, now| match i % 10 {

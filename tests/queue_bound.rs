@@ -20,7 +20,7 @@ async fn overload(derive_bounds: bool) -> (u64, u64) {
         workers: 2.try_into().unwrap(),
         ..RuntimeConfig::default()
     };
-    config.admission.derive_bounds = derive_bounds;
+    config.expert.admission.derive_bounds = derive_bounds;
     let broker = MemoryBroker::new();
     let clock = common::following_tokio();
     let mut rt = Runtime::builder(config)

@@ -173,7 +173,10 @@ async fn wait_for(what: &str, check: impl Fn() -> bool) {
 fn config(workers: usize) -> RuntimeConfig {
     RuntimeConfig {
         workers: workers.try_into().unwrap(),
-        poll_interval_ms: 1,
+        expert: triage::runtime::ExpertConfig {
+            poll_interval_ms: 1,
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     }
 }
@@ -274,8 +277,8 @@ async fn held_and_retrying_messages_of_a_revoked_stream_are_released_where_they_
     config.policy[Criticality::Sheddable] = RefusalPolicy::Backpressure;
     // The operator sheds Sheddable: its messages are held by the intake.
     config.forced_shed_level = 1;
-    config.retry = RetryConfig {
-        max_retries: 3,
+    config.retry = RetryConfig { max_retries: 3 };
+    config.expert.retry = triage::runtime::BackoffConfig {
         base_backoff_ms: 1,
         max_backoff_ms: 5,
     };

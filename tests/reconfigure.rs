@@ -26,9 +26,12 @@ use triage::{Criticality, PerTier};
 fn one_worker() -> RuntimeConfig {
     RuntimeConfig {
         workers: 1.try_into().unwrap(),
-        queue: WfqConfig::with_capacity(20_000),
         policy: PerTier::splat(RefusalPolicy::Backpressure),
-        poll_interval_ms: 1,
+        expert: triage::runtime::ExpertConfig {
+            queue: WfqConfig::with_capacity(20_000),
+            poll_interval_ms: 1,
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     }
 }
@@ -134,17 +137,17 @@ async fn weights_and_cutoffs_switch_live_and_the_shares_follow() {
 
     // Inverted, live. The worker already holds the 1,001st pop (taken under the old weights).
     let mut config = RuntimeConfig::clone(&rt.config());
-    config.queue.weights =
+    config.expert.queue.weights =
         PerTier::new(1, 2, 4, 8).map(|_, w| triage::queue::Weight::new(w).unwrap());
     let done = rt.reconfigure(config).unwrap();
     assert_eq!(done.generation, 2);
     assert_eq!(
         done.changes,
         [
-            "queue.weights.critical: 8 -> 1",
-            "queue.weights.high: 4 -> 2",
-            "queue.weights.medium: 2 -> 4",
-            "queue.weights.sheddable: 1 -> 8",
+            "expert.queue.weights.critical: 8 -> 1",
+            "expert.queue.weights.high: 4 -> 2",
+            "expert.queue.weights.medium: 2 -> 4",
+            "expert.queue.weights.sheddable: 1 -> 8",
         ]
     );
     assert_eq!(rt.config_generation(), 2);
@@ -163,7 +166,7 @@ async fn weights_and_cutoffs_switch_live_and_the_shares_follow() {
     // Raised live to 100 ms: 40 ms is below half of it (the exit ratio), so Sheddable is
     // admitted again at once.
     let mut config = RuntimeConfig::clone(&rt.config());
-    config.queue.admission = QueueAgeConfig {
+    config.expert.queue.admission = QueueAgeConfig {
         cutoff_ms: PerTier::new(400, 200, 150, 100),
         ..QueueAgeConfig::default()
     };
@@ -172,8 +175,8 @@ async fn weights_and_cutoffs_switch_live_and_the_shares_follow() {
     assert_eq!(
         done.changes,
         [
-            "queue.admission.cutoff_ms.medium: 80 -> 150",
-            "queue.admission.cutoff_ms.sheddable: 20 -> 100",
+            "expert.queue.admission.cutoff_ms.medium: 80 -> 150",
+            "expert.queue.admission.cutoff_ms.sheddable: 20 -> 100",
         ]
     );
     submit(&rt, 100_002, Criticality::Sheddable).unwrap();
@@ -196,7 +199,8 @@ async fn an_invalid_config_is_refused_naming_the_field_and_changes_nothing() {
 
     // Valid new weights beside one value out of range: nothing of it applies.
     let mut bad = RuntimeConfig::clone(&original);
-    bad.queue.weights = PerTier::new(1, 2, 4, 8).map(|_, w| triage::queue::Weight::new(w).unwrap());
+    bad.expert.queue.weights =
+        PerTier::new(1, 2, 4, 8).map(|_, w| triage::queue::Weight::new(w).unwrap());
     bad.forced_shed_level = 2;
     bad.retry.max_retries = 1_000;
     let err = rt.reconfigure(bad.clone()).unwrap_err();
@@ -246,7 +250,7 @@ async fn shrinking_the_queue_evicts_newest_of_lowest_tier_each_once() {
     let seen = Arc::clone(&dispositions);
     let sink = Arc::new(MemorySink::new());
     let mut config = one_worker();
-    config.queue = WfqConfig::with_capacity(200);
+    config.expert.queue = WfqConfig::with_capacity(200);
     config.policy = PerTier::new(
         RefusalPolicy::Backpressure,
         RefusalPolicy::Drop,
@@ -272,9 +276,9 @@ async fn shrinking_the_queue_evicts_newest_of_lowest_tier_each_once() {
     assert_eq!(rt.stats().queued, 99);
 
     let mut smaller = RuntimeConfig::clone(&rt.config());
-    smaller.queue.capacity = 50.try_into().unwrap();
+    smaller.expert.queue.capacity = 50.try_into().unwrap();
     let done = rt.reconfigure(smaller).unwrap();
-    assert_eq!(done.changes, ["queue.capacity: 200 -> 50"]);
+    assert_eq!(done.changes, ["expert.queue.capacity: 200 -> 50"]);
     // 49 out: all of Sheddable, all of Medium, then the newest 19 of High.
     assert_eq!(done.evicted, PerTier::new(0, 19, 20, 10));
     assert_eq!(rt.stats().queued, 50);
@@ -310,7 +314,10 @@ async fn forced_shed_level_refuses_the_bottom_tiers_and_brownout_reaches_the_job
     let gated = Gated::new();
     gated.gate.add_permits(1_000_000);
     let mut rt = Runtime::builder(RuntimeConfig {
-        poll_interval_ms: 1,
+        expert: triage::runtime::ExpertConfig {
+            poll_interval_ms: 1,
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     })
     .start(gated.handler())
@@ -443,27 +450,27 @@ async fn the_limit_the_shares_and_pull_admission_change_live() {
     assert_eq!(limit.allowed(Criticality::Sheddable), 4);
 
     let mut config = RuntimeConfig::clone(&rt.config());
-    config.limit = Some(triage::limit::LimitConfig::Fixed { limit: 4 });
-    config.shares = triage::limit::TierShares::new(1.0, 0.5, 0.5, 0.25).unwrap();
-    config.admission.prefetch_per_slot = 5;
+    config.expert.limit = Some(triage::limit::LimitConfig::Fixed { limit: 4 });
+    config.expert.shares = triage::limit::TierShares::new(1.0, 0.5, 0.5, 0.25).unwrap();
+    config.expert.admission.prefetch_per_slot = 5;
     let done = rt.reconfigure(config.clone()).unwrap();
     assert_eq!(
         done.changes,
         [
-            "admission.prefetch_per_slot: 2 -> 5",
-            "limit: (none) -> { kind = \"fixed\", limit = 4 }",
-            "shares.high: 0.9 -> 0.5",
-            "shares.medium: 0.75 -> 0.5",
-            "shares.sheddable: 0.5 -> 0.25",
+            "expert.admission.prefetch_per_slot: 2 -> 5",
+            "expert.limit: (none) -> { kind = \"fixed\", limit = 4 }",
+            "expert.shares.high: 0.9 -> 0.5",
+            "expert.shares.medium: 0.75 -> 0.5",
+            "expert.shares.sheddable: 0.5 -> 0.25",
         ]
     );
     assert_eq!(rt.stats().limit, 4);
     assert_eq!(limit.allowed(Criticality::High), 2);
     assert_eq!(limit.allowed(Criticality::Sheddable), 1);
-    assert_eq!(rt.config().admission.prefetch_per_slot, 5);
+    assert_eq!(rt.config().expert.admission.prefetch_per_slot, 5);
 
     // Shares alone: the limit algorithm is not rebuilt.
-    config.shares = triage::limit::TierShares::default();
+    config.expert.shares = triage::limit::TierShares::default();
     let done = rt.reconfigure(config).unwrap();
     assert_eq!(done.changes.len(), 3, "{:?}", done.changes);
     assert_eq!(rt.stats().limit, 4);

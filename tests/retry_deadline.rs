@@ -21,8 +21,11 @@ async fn run() -> (u64, u64, Vec<Duration>) {
     let clock = common::following_tokio();
     let config = RuntimeConfig {
         workers: 4.try_into().unwrap(),
-        poll_interval_ms: 1,
         retry: RetryConfig::default(),
+        expert: triage::runtime::ExpertConfig {
+            poll_interval_ms: 1,
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     };
     let failed_once: Arc<Mutex<HashMap<u32, Duration>>> = Arc::default();

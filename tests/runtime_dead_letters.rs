@@ -184,7 +184,7 @@ async fn the_dead_letter_path_is_bounded_by_max_dead_lettering() {
     let broker = MemoryBroker::new();
     let dead = Arc::new(Hanging::default());
     let mut c = config(1, 8);
-    c.max_dead_lettering = 1.try_into().unwrap();
+    c.expert.max_dead_lettering = 1.try_into().unwrap();
     let mut rt = Runtime::builder(c)
         .dead_letter_sink(Arc::clone(&dead))
         .start(|job: Job<u32>| {

@@ -229,7 +229,7 @@ async fn a_slot_held_outside_is_shared_capacity() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn try_submit_that_evicts_keeps_both_messages() {
     let mut c = config(1, 2);
-    c.queue.admission = QueueAgeConfig::disabled();
+    c.expert.queue.admission = QueueAgeConfig::disabled();
     c.policy = PerTier::splat(RefusalPolicy::Backpressure);
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let served = Arc::new(Mutex::new(Vec::new()));

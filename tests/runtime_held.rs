@@ -25,7 +25,7 @@ use triage::{Criticality, PerTier};
 async fn a_held_message_that_cannot_finish_in_time_is_expired_not_served() {
     let clock = following_tokio();
     let mut config = config(1, 1);
-    config.queue.admission = QueueAgeConfig::disabled();
+    config.expert.queue.admission = QueueAgeConfig::disabled();
     config.policy = PerTier::splat(RefusalPolicy::Backpressure);
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let calls = Arc::new(Mutex::new(Vec::new()));
@@ -128,9 +128,9 @@ async fn held_high_before_critical(
     Arc<tokio::sync::Semaphore>,
 ) {
     let mut c = overload_config(RefusalPolicy::Backpressure);
-    c.max_held = 8.try_into().unwrap();
-    c.queue = WfqConfig::with_capacity(2);
-    c.queue.admission = QueueAgeConfig::disabled();
+    c.expert.max_held = 8.try_into().unwrap();
+    c.expert.queue = WfqConfig::with_capacity(2);
+    c.expert.queue.admission = QueueAgeConfig::disabled();
     c.defer_held_to_make_room = make_room;
     let clock = following_tokio();
     let deadline = deadline.map(|d| clock.now() + d);

@@ -43,7 +43,7 @@ use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use tokio::sync::{oneshot, Notify};
 use triage::admission::{
-    Breakers, BucketConfig, BucketsConfig, CircuitState, Decision, DecisionCounts, MemoryConfig,
+    Breakers, BucketConfig, BucketsConfig, CircuitState, Decision, DecisionCounts,
     PullAdmissionConfig, QueueAgeConfig,
 };
 use triage::ledger::Disposition;
@@ -257,17 +257,20 @@ fn finish() -> impl Strategy<Value = Finish> {
 fn config(setup: &Setup) -> RuntimeConfig {
     let mut c = RuntimeConfig {
         workers: setup.workers.try_into().unwrap(),
-        queue: WfqConfig::with_capacity(setup.capacity),
-        poll_interval_ms: 1,
-        defer_cooldown_ms: 20,
+        expert: triage::runtime::ExpertConfig {
+            queue: WfqConfig::with_capacity(setup.capacity),
+            poll_interval_ms: 1,
+            defer_cooldown_ms: 20,
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     };
     // Low cut-offs, so that queue age refuses pushed work within a few steps.
-    c.queue.admission = QueueAgeConfig {
+    c.expert.queue.admission = QueueAgeConfig {
         cutoff_ms: PerTier::new(120, 60, 30, 15),
         ..QueueAgeConfig::default()
     };
-    c.admission = if setup.pull_admission {
+    c.expert.admission = if setup.pull_admission {
         PullAdmissionConfig {
             tick_ms: 10,
             window_ms: 40,
@@ -278,24 +281,24 @@ fn config(setup: &Setup) -> RuntimeConfig {
     } else {
         PullAdmissionConfig::disabled()
     };
-    c.breaker.min_calls = 1;
-    c.breaker.window_ms = 100;
-    c.breaker.recovery_ms = RECOVERY_MS;
-    c.breaker.half_open_probes = 1;
+    c.expert.breaker.min_calls = 1;
+    c.expert.breaker.window_ms = 100;
+    c.expert.breaker.recovery_ms = RECOVERY_MS;
+    c.expert.breaker.half_open_probes = 1;
     if setup.buckets {
         c.buckets = BucketsConfig::default()
             .with(Medium, Some(BucketConfig::per_second(100.0).burst(2)))
             .with(Sheddable, Some(BucketConfig::per_second(50.0).burst(1)));
     }
     if setup.memory {
-        c.memory = MemoryConfig::with_budget(MEMORY_BUDGET);
+        c.memory.budget_bytes = Some(MEMORY_BUDGET);
     }
     for tier in Criticality::ALL {
         c.policy[tier] = setup.policy[tier.rank()].refusal();
     }
     c.retry.max_retries = setup.max_retries;
-    c.retry.base_backoff_ms = 1;
-    c.retry.max_backoff_ms = 2;
+    c.expert.retry.base_backoff_ms = 1;
+    c.expert.retry.max_backoff_ms = 2;
     c
 }
 
@@ -751,7 +754,7 @@ impl Case {
             } => {
                 let mut c = RuntimeConfig::clone(&self.rt().config());
                 c.forced_shed_level = *forced;
-                c.queue.capacity = (*capacity).try_into().unwrap();
+                c.expert.queue.capacity = (*capacity).try_into().unwrap();
                 if let Some((tier, p)) = policy {
                     c.policy[*tier] = p.refusal();
                     self.policy[tier.rank()] = *p;

@@ -85,8 +85,8 @@ async fn defer_policy_publishes_then_acks_and_falls_back_to_backpressure_when_th
     sink.set_failing(true);
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let mut c = overload_config(RefusalPolicy::Defer);
-    c.max_deferring = 2.try_into().unwrap();
-    c.max_held = 1.try_into().unwrap();
+    c.expert.max_deferring = 2.try_into().unwrap();
+    c.expert.max_held = 1.try_into().unwrap();
     let mut rt = Runtime::builder(c)
         .defer_sink(Arc::clone(&sink))
         .start(gated(Arc::clone(&gate)))
@@ -137,7 +137,7 @@ async fn a_defer_rejection_dead_letters_that_message_and_keeps_deferring_the_oth
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let mut c = overload_config(RefusalPolicy::Defer);
     // An hour: a sink marked unhealthy would stay so for the whole test.
-    c.defer_cooldown_ms = 3_600_000;
+    c.expert.defer_cooldown_ms = 3_600_000;
     let mut rt = Runtime::builder(c)
         .defer_sink(Arc::clone(&defer))
         .dead_letter_sink(Arc::clone(&dead))
@@ -200,9 +200,9 @@ async fn defer_or_drop_defers_with_a_sink_and_drops_without() {
         }
         broker.close();
         let mut c = config(1, 2);
-        c.queue.admission = QueueAgeConfig::disabled();
+        c.expert.queue.admission = QueueAgeConfig::disabled();
         // Pull the whole backlog at once (not paced), so the full queue refuses some of it.
-        c.admission.prefetch_per_slot = 1000;
+        c.expert.admission.prefetch_per_slot = 1000;
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let sink = Arc::new(MemorySink::new());
         let mut builder = Runtime::builder(c);

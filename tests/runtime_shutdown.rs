@@ -133,9 +133,9 @@ fn fail_zero_hang_one(job: Job<u32>) -> BoxedResult {
 /// by backpressure (5, High). Returns once all six are inside the runtime.
 async fn everywhere(broker: &MemoryBroker<u32>) -> (Runtime<u32>, Arc<Hanging>, Arc<Hanging>) {
     let mut c = config(1, 2);
-    c.queue.admission = QueueAgeConfig::disabled();
+    c.expert.queue.admission = QueueAgeConfig::disabled();
     // Pull to the queue's capacity, so the last two are refused as Full (not left unpulled).
-    c.admission.prefetch_per_slot = 1000;
+    c.expert.admission.prefetch_per_slot = 1000;
     let defer = Arc::new(Hanging::default());
     let dead = Arc::new(Hanging::default());
     let mut rt = Runtime::builder(c)

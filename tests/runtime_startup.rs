@@ -10,49 +10,62 @@ use std::time::Duration;
 use common::{config, ok_handler};
 use triage::runtime::{MemoryBroker, MemorySink, RefusalPolicy, Runtime, RuntimeConfig};
 
+/// Every refusal names the dotted key and its range, whether serde or `validate` finds it, and
+/// whether the file is in the new layout or the one before the expert group.
 #[test]
 fn invalid_config_names_the_field_and_range() {
     let cases = [
         (
-            "[queue.weights]\ncritical = -1\nhigh = 4\nmedium = 2\nsheddable = 1",
-            "weight -1 is out of range: allowed 1..=1000",
+            "[expert.queue.weights]\ncritical = -1\nhigh = 4\nmedium = 2\nsheddable = 1",
+            "expert.queue.weights.critical = -1 is out of range: allowed 1..=1000",
         ),
         (
-            "[queue.admission.cutoff_ms]\ncritical = 400\nhigh = 500\nmedium = 80\nsheddable = 20",
-            "queue.admission.cutoff_ms.high = 500 is out of range: allowed 1..=400",
+            "[queue.weights]\ncritical = 8\nhigh = 0\nmedium = 2\nsheddable = 1",
+            "expert.queue.weights.high = 0 is out of range: allowed 1..=1000",
         ),
-        // A zero count: the line names the key, the message the range.
+        (
+            "[expert.queue.admission.cutoff_ms]\ncritical = 400\nhigh = 500\nmedium = 80\n\
+             sheddable = 20",
+            "expert.queue.admission.cutoff_ms.high = 500 is out of range: allowed 1..=400",
+        ),
         (
             "[queue]\ncapacity = 0",
-            "capacity = 0\n  |            ^\n0 is out of range: allowed 1..=4294967296",
+            "expert.queue.capacity = 0 is out of range: allowed 1..=4294967296",
         ),
-        ("workers = 0", "0 is out of range: allowed 1..=100000"),
-        ("workers = 0", "workers = 0"),
         (
-            "max_held = 200000",
-            "200000 is out of range: allowed 1..=100000",
+            "workers = 0",
+            "workers = 0 is out of range: allowed 1..=100000",
+        ),
+        (
+            "[expert]\nmax_held = 200000",
+            "expert.max_held = 200000 is out of range: allowed 1..=100000",
         ),
         (
             "max_deferring = -3",
-            "-3 is out of range: allowed 1..=100000",
+            "expert.max_deferring = -3 is out of range: allowed 1..=100000",
         ),
         (
-            "max_dead_lettering = 0",
-            "0 is out of range: allowed 1..=100000",
+            "[expert]\nmax_dead_lettering = 0",
+            "expert.max_dead_lettering = 0 is out of range: allowed 1..=100000",
         ),
         (
             "[retry]\nmax_retries = 1000",
             "retry.max_retries = 1000 is out of range: allowed 0..=100",
         ),
         (
-            "[limit]\nkind = \"aimd\"\nbackoff_ratio = 1.5",
-            "limit.backoff_ratio",
+            "[expert.limit]\nkind = \"aimd\"\nbackoff_ratio = 1.5",
+            "expert.limit.backoff_ratio = 1.5 is out of range",
         ),
         (
-            "[queue.admission]\nexit_ratio = 1.0",
-            "queue.admission.exit_ratio = 1 is out of range",
+            "[expert.queue.admission]\nexit_ratio = 1.0",
+            "expert.queue.admission.exit_ratio = 1 is out of range",
         ),
-        ("bogus = 1", "unknown field `bogus`"),
+        (
+            "[expert.shares]\ncritical = 1.0\nhigh = 0.9\nmedium = 0.95\nsheddable = 0.5",
+            "expert.shares.medium = 0.95 is out of range: allowed (0, 0.9 (shares.high)]",
+        ),
+        ("bogus = 1", "bogus: unknown field `bogus`"),
+        ("[expert]\nbogus = 1", "expert.bogus: unknown field `bogus`"),
     ];
     for (text, expected) in cases {
         let err = RuntimeConfig::from_toml(text).unwrap_err().to_string();

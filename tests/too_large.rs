@@ -17,10 +17,13 @@ async fn a_message_larger_than_the_queue_budget_is_dead_lettered() {
     let clock = common::following_tokio();
     let mut config = RuntimeConfig {
         workers: 2.try_into().unwrap(),
-        poll_interval_ms: 1,
+        expert: triage::runtime::ExpertConfig {
+            poll_interval_ms: 1,
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     };
-    config.queue.max_bytes = NonZeroUsize::new(1_000);
+    config.expert.queue.max_bytes = NonZeroUsize::new(1_000);
     let deferred = Arc::new(MemorySink::new());
     let dead = Arc::new(MemorySink::new());
     let mut rt = Runtime::builder(config)

@@ -36,28 +36,37 @@ struct Row {
 
 /// The rows of section `name`, by key.
 fn section(name: &str) -> BTreeMap<String, Row> {
+    let mut rows = BTreeMap::new();
+    for (key, cells) in section_cells(name) {
+        let row = Row {
+            key: key.clone(),
+            default: cells[3].clone(),
+        };
+        assert!(
+            rows.insert(key.clone(), row).is_none(),
+            "{name}: `{key}` twice"
+        );
+    }
+    rows
+}
+
+/// The rows of section `name` as their key and cells (the first cell is the empty text
+/// before the first `|`).
+fn section_cells(name: &str) -> Vec<(String, Vec<String>)> {
     let marker = format!("<!-- config: {name} -->");
     let start = REFERENCE
         .find(&marker)
         .unwrap_or_else(|| panic!("docs/configuration.md has no `{marker}` section"));
     let text = &REFERENCE[start + marker.len()..];
     let text = &text[..text.find("<!-- config: ").unwrap_or(text.len())];
-    let mut rows = BTreeMap::new();
+    let mut rows = Vec::new();
     for line in text.lines().filter(|l| l.starts_with("| `")) {
-        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let cells: Vec<String> = line.split('|').map(|c| c.trim().to_owned()).collect();
         assert!(
             cells.len() >= 7,
             "a row needs key, unit, default, range, what: {line}"
         );
-        let key = cells[1].trim_matches('`').to_owned();
-        let row = Row {
-            key: key.clone(),
-            default: cells[3].to_owned(),
-        };
-        assert!(
-            rows.insert(key, row).is_none(),
-            "{name}: a key twice: {line}"
-        );
+        rows.push((cells[1].trim_matches('`').to_owned(), cells));
     }
     rows
 }
@@ -220,34 +229,57 @@ fn bucket() -> BucketConfig {
     }
 }
 
+/// The runtime's reference is in two sections: the settings only the user can say (each with
+/// the reason it cannot be derived, at most 15 of them), then the expert group (`expert.*`).
 #[test]
 fn runtime_config() {
-    let rows = section("runtime");
+    let user = section("runtime");
+    let expert = section("runtime-expert");
+    let mut errors = Vec::new();
+    for (key, cells) in section_cells("runtime") {
+        if key.starts_with("expert.") {
+            errors.push(format!("`{key}` is in the user's section"));
+        }
+        if cells.get(6).is_none_or(|why| why.len() < 10) {
+            errors.push(format!("`{key}` does not say why it cannot be derived"));
+        }
+    }
+    if let Some(key) = expert.keys().find(|k| !k.starts_with("expert.")) {
+        errors.push(format!("`{key}` is in the expert section"));
+    }
+    assert!(
+        user.len() <= 15,
+        "{} settings in the user's section: at most 15",
+        user.len()
+    );
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+
+    let mut rows = user;
+    rows.extend(expert);
     let defaults = toml_leaves(&RuntimeConfig::default(), &rows);
     let mut present = BTreeMap::new();
     for limit in [
         LimitConfig::Aimd(AimdConfig::default()),
         LimitConfig::Gradient2(Gradient2Config::default()),
     ] {
-        let config = RuntimeConfig {
-            limit: Some(limit),
-            ..RuntimeConfig::default()
-        };
+        let mut config = RuntimeConfig::default();
+        config.expert.limit = Some(limit);
         for (k, v) in toml_leaves(&config, &rows) {
             if !defaults.contains_key(&k) {
                 if let Some(before) = present.insert(k.clone(), v.clone()) {
-                    assert!(k == "limit.kind" || before == v, "{k}: {before} and {v}");
+                    assert!(
+                        k == "expert.limit.kind" || before == v,
+                        "{k}: {before} and {v}"
+                    );
                 }
             }
         }
     }
     // `limit.kind` has no default: the section is absent by default (fixed at `workers`).
-    present.remove("limit.kind");
-    let mut full = RuntimeConfig {
-        limit: Some(LimitConfig::Fixed { limit: 8 }),
-        ..RuntimeConfig::default()
-    };
-    full.queue.max_bytes = NonZeroUsize::new(1);
+    present.remove("expert.limit.kind");
+    let mut full = RuntimeConfig::default();
+    full.expert.limit = Some(LimitConfig::Fixed { limit: 8 });
+    full.expert.queue.max_bytes = NonZeroUsize::new(1);
     full.memory.budget_bytes = Some(1);
     full.buckets = BucketsConfig {
         capacity: Some(1.0),
@@ -258,13 +290,11 @@ fn runtime_config() {
         ..BucketsConfig::default()
     };
     let mut optional = toml_leaves(&full, &rows);
-    let gradient = RuntimeConfig {
-        limit: Some(LimitConfig::Gradient2(Gradient2Config {
-            queue_size: Some(4),
-            ..Gradient2Config::default()
-        })),
-        ..RuntimeConfig::default()
-    };
+    let mut gradient = RuntimeConfig::default();
+    gradient.expert.limit = Some(LimitConfig::Gradient2(Gradient2Config {
+        queue_size: Some(4),
+        ..Gradient2Config::default()
+    }));
     optional.extend(toml_leaves(&gradient, &rows));
     optional.retain(|k, _| !defaults.contains_key(k) && !present.contains_key(k));
     check("runtime", &rows, &defaults, &present, &optional);

@@ -11,20 +11,33 @@ fn the_overload_examples_file_loads_and_is_its_default_run() {
     let config = RuntimeConfig::from_toml(text).expect("examples/overload/triage.toml loads");
     let mut expected = RuntimeConfig {
         workers: 8.try_into().unwrap(),
-        poll_interval_ms: 1,
         ..RuntimeConfig::default()
     };
-    expected.queue.capacity = 256.try_into().unwrap();
+    expected.expert.poll_interval_ms = 1;
+    expected.expert.queue.capacity = 256.try_into().unwrap();
     assert_eq!(config, expected);
 }
 
-/// Every commented-out line of the file is valid too once uncommented (section by section),
-/// so the examples in its comments cannot rot.
+/// The same file in the layout before the expert group (`[queue]`, `[admission]`, `[shares]`,
+/// `poll_interval_ms` at the top level), as users wrote it, loads to the same configuration.
 #[test]
-fn the_overload_examples_commented_lines_load_when_uncommented() {
-    let text = include_str!("../../examples/overload/triage.toml");
-    let uncommented: String = text
-        .lines()
+fn the_overload_examples_file_in_the_old_layout_loads_the_same() {
+    let old = RuntimeConfig::from_toml(include_str!("old_layout.toml")).expect("old layout loads");
+    let new =
+        RuntimeConfig::from_toml(include_str!("../../examples/overload/triage.toml")).unwrap();
+    assert_eq!(old, new);
+    // Its commented lines too, uncommented: the whole old layout, limit and retry included.
+    let uncommented = uncomment(include_str!("old_layout.toml"));
+    let old = RuntimeConfig::from_toml(&uncommented).expect("old layout, uncommented, loads");
+    let new = RuntimeConfig::from_toml(&uncomment(include_str!(
+        "../../examples/overload/triage.toml"
+    )))
+    .unwrap();
+    assert_eq!(old, new);
+}
+
+fn uncomment(text: &str) -> String {
+    text.lines()
         .map(|l| match l.strip_prefix("# ") {
             // A commented key or table, not prose.
             Some(rest) if rest.starts_with('[') || rest.split_whitespace().nth(1) == Some("=") => {
@@ -33,7 +46,15 @@ fn the_overload_examples_commented_lines_load_when_uncommented() {
             _ => l.to_owned(),
         })
         .collect::<Vec<_>>()
-        .join("\n");
+        .join("\n")
+}
+
+/// Every commented-out line of the file is valid too once uncommented (section by section),
+/// so the examples in its comments cannot rot.
+#[test]
+fn the_overload_examples_commented_lines_load_when_uncommented() {
+    let text = include_str!("../../examples/overload/triage.toml");
+    let uncommented = uncomment(text);
     RuntimeConfig::from_toml(&uncommented).unwrap_or_else(|e| {
         panic!("examples/overload/triage.toml, uncommented, does not load: {e}\n{uncommented}")
     });

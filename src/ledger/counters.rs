@@ -90,7 +90,7 @@ impl Ledger {
 
     /// Counts one message of `tier` handed back to its source without a disposition (shutdown,
     /// revocation, or waiting as long as its broker lets a delivery stay unacknowledged, see
-    /// [`RuntimeConfig::patience_share`](crate::runtime::RuntimeConfig::patience_share)): not
+    /// [`ExpertConfig::patience_share`](crate::runtime::ExpertConfig::patience_share)): not
     /// acknowledged, so the broker redelivers it. Not a disposition: the message will get one
     /// on its redelivery, which is counted as consumed again.
     pub fn record_released(&self, tier: Criticality) {

@@ -57,7 +57,7 @@
 //! # Memory
 //!
 //! Parked messages are bounded apart from the queue, by the runtime's
-//! [`max_parked`](crate::runtime::RuntimeConfig::max_parked) (default 10,000): when the gate
+//! [`max_parked`](crate::runtime::ExpertConfig::max_parked) (default 10,000): when the gate
 //! parks that many, every intake pauses its source (as a full held buffer does) until keys
 //! complete. So memory stays within `capacity + max_held + max_parked +` in flight.
 //!

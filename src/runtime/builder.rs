@@ -152,16 +152,16 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
         config.validate()?;
         let mut base = RuntimeConfig {
             workers: config.workers,
-            max_deferring: config.max_deferring,
-            max_dead_lettering: config.max_dead_lettering,
             ..RuntimeConfig::default()
         };
+        base.expert.max_deferring = config.expert.max_deferring;
+        base.expert.max_dead_lettering = config.expert.max_dead_lettering;
         check_sinks(&mut base, self.defer.as_ref(), self.dead_letter.as_ref())?;
         let workers = base.workers.get();
-        let limit = ConcurrencyLimit::new(base.limiter()?, base.shares);
+        let limit = ConcurrencyLimit::new(base.limiter()?, base.expert.shares);
         // Queue age admits pushed work only (`try_submit`); pulled work is admitted by the
         // pull-based level in `Inner::offer` and queued past the queue-age check.
-        let queue = WfqQueue::with_clock(base.queue.clone(), self.clock.clone())?;
+        let queue = WfqQueue::with_clock(base.expert.queue.clone(), self.clock.clone())?;
         let origin = self.clock.now();
         let accounts = Arc::new(Accounts {
             clock_origin: origin,
@@ -172,14 +172,14 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             counts: Default::default(),
             idle: tokio::sync::Notify::new(),
             sources_done: crate::sync::AtomicBool::new(true),
-            memory: crate::admission::MemoryBudget::new(&base.memory),
+            memory: crate::admission::MemoryBudget::new(&base.memory_config()),
             decisions: Default::default(),
             decisions_published: Default::default(),
             refusals: Default::default(),
         });
         let live = live::Live::new();
         let breakers = Arc::new(crate::admission::Breakers::with_clock(
-            base.breaker.clone(),
+            base.expert.breaker.clone(),
             self.clock.clone(),
         )?);
         let buckets = crate::admission::TierBuckets::new(&base.buckets, self.clock.clone());
@@ -187,10 +187,10 @@ impl<T: Send + Sync + 'static> RuntimeBuilder<T> {
             queue,
             limit,
             accounts,
-            deferrals: deferral::Deferrals::new(self.defer, base.max_deferring.get()),
+            deferrals: deferral::Deferrals::new(self.defer, base.expert.max_deferring.get()),
             dead_letters: dead_letter::DeadLetters::new(
                 self.dead_letter,
-                base.max_dead_lettering.get(),
+                base.expert.max_dead_lettering.get(),
             ),
             config: arc_swap::ArcSwap::from_pointee(base),
             live,

@@ -43,7 +43,11 @@ impl<T: Send + Sync + 'static> Inner<T> {
         {
             return false;
         }
-        let reserve = self.config().share_reserve_ms.saturating_mul(1_000_000);
+        let reserve = self
+            .config()
+            .expert
+            .share_reserve_ms
+            .saturating_mul(1_000_000);
         if reserve == 0 {
             return true;
         }
@@ -61,7 +65,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// work-conserving shares, those whose higher tiers are quiet while a slot is idle.
     pub(crate) fn worker_mask(&self) -> TierMask {
         let mask = self.limit.allowed_mask();
-        if !self.config().work_conserving || self.limit.in_flight() >= self.limit.limit() {
+        if !self.config().expert.work_conserving || self.limit.in_flight() >= self.limit.limit() {
             return mask;
         }
         if mask == TierMask::ALL {

@@ -110,7 +110,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// How many queued messages keep every worker busy until the intake pulls again:
     /// `admission.prefetch_per_slot ×` the concurrency limit.
     pub(crate) fn prefetch(&self) -> usize {
-        self.config().admission.prefetch_per_slot * self.limit.limit().max(1)
+        self.config().expert.admission.prefetch_per_slot * self.limit.limit().max(1)
     }
 
     /// Looks up the breaker of the item's downstream key, once per consumed message: a hash of
@@ -125,7 +125,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
     }
 
     pub(crate) fn poll_interval(&self) -> Duration {
-        Duration::from_millis(self.config().poll_interval_ms)
+        Duration::from_millis(self.config().expert.poll_interval_ms)
     }
 
     /// The level pulled work is shed at: pull-based admission's, or the operator's forced

@@ -68,7 +68,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                     .saturating_sub(self.signals.mean_service())
                     / 2
             });
-        self.config().retry.backoff_within(item.attempt, cap)
+        self.config().expert.retry.backoff_within(item.attempt, cap)
     }
 
     /// Records `Failed` at once without a dead-letter sink; with one, hands the message to a
@@ -144,19 +144,19 @@ impl<T: Send + Sync + 'static> Inner<T> {
                             self.log_dead_letter_held(&e, &r);
                             // Refused for good, as far as anyone can tell: a topic created or a
                             // limit raised later lets it through, so it is tried again, rarely.
-                            self.config().retry.max_backoff()
+                            self.config().expert.retry.max_backoff()
                         }
                         Err(_) => {
                             metrics.dead_letter_retries.increment(1);
                             attempt = attempt.saturating_add(1);
-                            self.config().retry.backoff(attempt)
+                            self.config().expert.retry.backoff(attempt)
                         }
                     }
                 }
                 Err(_) => {
                     metrics.dead_letter_retries.increment(1);
                     attempt = attempt.saturating_add(1);
-                    self.config().retry.backoff(attempt)
+                    self.config().expert.retry.backoff(attempt)
                 }
             };
             tokio::select! {
@@ -182,7 +182,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 "dead letter refused for good ({full}) and its reference copy too ({reference}): \
                  the message is held unacknowledged, its source position kept, and tried again \
                  every {:?}",
-                self.config().retry.max_backoff()
+                self.config().expert.retry.max_backoff()
             );
         }
     }

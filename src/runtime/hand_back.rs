@@ -39,7 +39,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         waited: Duration,
     ) -> Option<Instant> {
         let patience = patience?;
-        let left = share_of(patience, self.config().patience_share).saturating_sub(waited);
+        let left = share_of(patience, self.config().expert.patience_share).saturating_sub(waited);
         let now = crate::queue::time::recent(&self.clock);
         Some(now.checked_add(left).unwrap_or(now))
     }
@@ -144,7 +144,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             return;
         }
         let config = self.config();
-        *next = now + Duration::from_millis(config.admission.tick_ms);
-        source.release_waiting(share_of(patience, config.patience_share));
+        *next = now + Duration::from_millis(config.expert.admission.tick_ms);
+        source.release_waiting(share_of(patience, config.expert.patience_share));
     }
 }

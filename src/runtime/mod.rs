@@ -21,7 +21,7 @@
 //!
 //! Nothing waits in the runtime until its broker takes it back by force: a message of a source
 //! with a [`patience`](Source::patience) (RabbitMQ's `consumer_timeout`) that has waited
-//! [`patience_share`](RuntimeConfig::patience_share) of it, queued, held or parked, is handed
+//! [`patience_share`](ExpertConfig::patience_share) of it, queued, held or parked, is handed
 //! back: deferred where its tier defers and a copy comes back in time, otherwise released for
 //! the broker to deliver again (see `patience.rs`).
 
@@ -74,7 +74,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use ack::{Ack, AckRef, AckSink};
-pub use config::{LoadConfigError, RefusalPolicy, RetryConfig, RuntimeConfig};
+pub use config::{
+    BackoffConfig, ExpertConfig, LoadConfigError, MemoryBudgetConfig, MemoryThresholdsConfig,
+    RefusalPolicy, RetryConfig, RuntimeConfig, MOVED,
+};
 pub use envelope::Envelope;
 pub use job::{HandlerError, Job, LoadLevel};
 pub use memory_broker::{AckCounts, MemoryBroker, MemorySink, MemorySource};

@@ -17,7 +17,7 @@
 //!
 //! A source states its patience ([`Source::patience`](crate::runtime::Source::patience)).
 //! Each of its messages gets, when it is received, a *hand-back instant*: its receipt plus
-//! [`patience_share`](crate::runtime::RuntimeConfig::patience_share) of the patience, less
+//! [`patience_share`](crate::runtime::ExpertConfig::patience_share) of the patience, less
 //! the time it already waited in the source ([`Envelope::waited`](crate::runtime::Envelope::waited)).
 //! A message still waiting at that instant is handed back:
 //! - **deferred** (reason `patience`) when its tier's policy is `defer` (sink healthy, not

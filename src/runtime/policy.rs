@@ -95,7 +95,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             let error = format!(
                 "{} bytes, more than queue.max_bytes ({})",
                 item.size_bytes,
-                self.config().queue.max_bytes.map_or(0, |b| b.get())
+                self.config().expert.queue.max_bytes.map_or(0, |b| b.get())
             );
             let this = Arc::clone(self);
             self.spawn(async move { this.dead_letter(item, "too_large", error).await });
@@ -207,7 +207,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 now_ns.saturating_sub(since)
             })
         });
-        let recover = Duration::from_millis(self.config().admission.recover_ms);
+        let recover = Duration::from_millis(self.config().expert.admission.recover_ms);
         let forced = self.live.forced_for(now_ns);
         super::deferral::expires_before_drain(
             deadline.saturating_duration_since(recent),
@@ -320,7 +320,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             }
             Err(_) => {
                 self.accounts.metrics.defer_failures.increment(1);
-                let cooldown = Duration::from_millis(self.config().defer_cooldown_ms);
+                let cooldown = Duration::from_millis(self.config().expert.defer_cooldown_ms);
                 self.deferrals.failed_at(self.now_ns(), cooldown);
                 self.hold_until_queued(item).await;
             }

@@ -17,11 +17,11 @@
 //!    here, naming the field and its allowed range, and the old configuration stays in force.
 //! 2. **Apply, infallibly.** The queue (weights, capacity, byte budget, queue-age cut-offs;
 //!    shrinking evicts by the push rule, newest of the lowest tier first), the concurrency
-//!    shares, the limit algorithm (only if `[limit]` changed: an unchanged one keeps its
+//!    shares, the limit algorithm (only if `[expert.limit]` changed: an unchanged one keeps its
 //!    adaptive state), the forced shed and brownout levels, the circuit breakers' settings
-//!    (`[breaker]`: every downstream key keeps its state), and the configuration every other
+//!    (`[expert.breaker]`: every downstream key keeps its state), and the configuration every other
 //!    setting is read from, swapped whole ([`Inner::config`]). Pull-based admission picks the
-//!    new `[admission]` up at its next tick, keeping its window and level. Then the generation
+//!    new `[expert.admission]` up at its next tick, keeping its window and level. Then the generation
 //!    is bumped, the `triage_config_generation` gauge set, one log line names every field that
 //!    changed, and the evicted messages go through their tier's refusal policy (each ends in
 //!    one disposition: shed, deferred, or held and queued again later).
@@ -54,14 +54,15 @@ use crate::{ConfigError, PerTier};
 pub const FIXED: &[(&str, &str)] = &[
     (
         "workers",
-        "the worker tasks are spawned at start; change the concurrency limit ([limit]) instead",
+        "the worker tasks are spawned at start; change the concurrency limit ([expert.limit]) \
+         instead",
     ),
     (
-        "max_deferring",
+        "expert.max_deferring",
         "a semaphore sized at start holds the deferrals in flight",
     ),
     (
-        "max_dead_lettering",
+        "expert.max_dead_lettering",
         "a semaphore sized at start holds the dead letters in flight",
     ),
 ];
@@ -213,18 +214,18 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 .into());
             }
         }
-        let limiter = if config.limit != old.limit {
+        let limiter = if config.expert.limit != old.expert.limit {
             Some(config.limiter()?)
         } else {
             None
         };
         // The queue checks its section before touching anything: the last fallible step.
-        let evicted_entries = self.queue.reconfigure(config.queue.clone())?;
+        let evicted_entries = self.queue.reconfigure(config.expert.queue.clone())?;
 
         // Phase 2: apply, infallibly.
-        self.limit.set_shares(config.shares);
+        self.limit.set_shares(config.expert.shares);
         // Validated with the rest above; every key keeps its state.
-        self.breakers.replace(config.breaker.clone());
+        self.breakers.replace(config.expert.breaker.clone());
         self.apply_toolbox(&config);
         if let Some(limiter) = limiter {
             self.limit.set_algorithm(limiter);

@@ -47,7 +47,7 @@ pub struct RuntimeStats {
     /// counts each consumed message's admission decision once.
     pub withdrawn: crate::PerTier<u64>,
     /// Messages handed back before their source's patience ran out (see
-    /// [`RuntimeConfig::patience_share`](crate::runtime::RuntimeConfig::patience_share)), per
+    /// [`ExpertConfig::patience_share`](crate::runtime::ExpertConfig::patience_share)), per
     /// tier classified: deferred (in the ledger's `deferred` once confirmed) or released (in
     /// its `released`). One whose deadline had passed by then is expired instead, and counted
     /// there only.

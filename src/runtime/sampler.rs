@@ -13,8 +13,8 @@ use crate::Criticality;
 impl<T: Send + Sync + 'static> Inner<T> {
     /// Gauges and the admission clock, on a timer: nothing here runs per message.
     pub(crate) async fn sampler(self: Arc<Self>) {
-        let mut every = Duration::from_millis(self.config().admission.tick_ms);
-        let mut pull = PullAdmission::new(&self.config().admission);
+        let mut every = Duration::from_millis(self.config().expert.admission.tick_ms);
+        let mut pull = PullAdmission::new(&self.config().expert.admission);
         let mut generation = self.live.generation();
         // The bounds last applied to the queue (`None`: the configured capacity).
         let mut bound: Option<[usize; 4]> = None;
@@ -23,10 +23,10 @@ impl<T: Send + Sync + 'static> Inner<T> {
             if self.live.generation() != generation {
                 let config = self.config();
                 generation = self.live.generation();
-                pull.reconfigure(&config.admission);
+                pull.reconfigure(&config.expert.admission);
                 // A reconfiguration restores the configured capacity.
                 bound = None;
-                every = Duration::from_millis(config.admission.tick_ms);
+                every = Duration::from_millis(config.expert.admission.tick_ms);
             }
             tokio::select! {
                 _ = self.lifecycle.stop.cancelled() => {
@@ -130,7 +130,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// nothing is measured yet; `last` is the bounds applied before. Likewise the intake's
     /// look-ahead past busy ordering keys (`admission::derived_lookahead`).
     fn bound_queue(&self, pull: &PullAdmission, last: &mut Option<[usize; 4]>) {
-        let derive = self.config().admission.derive_bounds;
+        let derive = self.config().expert.admission.derive_bounds;
         let prefetch = self.prefetch();
         let next = derive
             .then(|| crate::admission::derived_bounds(pull, prefetch))

@@ -108,7 +108,7 @@ fn a_message_writes_at_most_four_shared_atomics_in_steady_state() {
                 workers: 8.try_into().expect("non-zero"),
                 ..RuntimeConfig::default()
             };
-            config.queue.admission = QueueAgeConfig::disabled();
+            config.expert.queue.admission = QueueAgeConfig::disabled();
             config.policy = PerTier::splat(RefusalPolicy::Backpressure);
             // A clock that stands still: a worker's batch size follows its handler's measured
             // time, and the writes per batch are shared over the batch's messages, so the

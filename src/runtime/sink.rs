@@ -35,7 +35,7 @@ pub enum DeferReason {
     /// [`RuntimeConfig::defer_held_to_make_room`](crate::runtime::RuntimeConfig::defer_held_to_make_room)).
     MakeRoom,
     /// It waited as long as its source's broker lets a delivery stay unacknowledged, less a
-    /// margin (see [`RuntimeConfig::patience_share`](crate::runtime::RuntimeConfig::patience_share)):
+    /// margin (see [`ExpertConfig::patience_share`](crate::runtime::ExpertConfig::patience_share)):
     /// deferred rather than left for the broker to take back by closing the channel.
     Patience,
 }
@@ -96,7 +96,7 @@ pub struct Republish {
 /// - **transient** ([`NotConfirmed`](SinkError::NotConfirmed),
 ///   [`Unavailable`](SinkError::Unavailable)): the transport failed; the same publish may
 ///   succeed later. A deferral falls back to backpressure and marks the defer sink unhealthy
-///   for `defer_cooldown_ms`; a dead letter is retried with the [`RetryConfig`] backoff, off the
+///   for `defer_cooldown_ms`; a dead letter is retried with the [`BackoffConfig`] backoff, off the
 ///   workers.
 /// - **permanent** ([`Rejected`](SinkError::Rejected)): this message can never be published
 ///   there (larger than the producer's maximum, a missing topic, an unroutable AMQP publish).
@@ -106,7 +106,7 @@ pub struct Republish {
 ///   is held unacknowledged (its source position kept) and counted in
 ///   `triage_dead_letter_rejected_total`.
 ///
-/// [`RetryConfig`]: crate::runtime::RetryConfig
+/// [`BackoffConfig`]: crate::runtime::BackoffConfig
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum SinkError {
@@ -177,7 +177,7 @@ pub trait DeferSink<T>: Send + Sync + 'static {
 /// after the broker's confirmation, and until then the source message stays unacknowledged.
 ///
 /// The runtime publishes dead letters off its workers, at most
-/// [`max_dead_lettering`](crate::runtime::RuntimeConfig::max_dead_lettering) at once, so a
+/// [`max_dead_lettering`](crate::runtime::ExpertConfig::max_dead_lettering) at once, so a
 /// slow or refusing sink never keeps a worker from the next message:
 ///
 /// 1. [`publish`](DeadLetterSink::publish) the full copy; a transient error is retried with

@@ -68,7 +68,7 @@ pub trait Source: Send + 'static {
     /// finished included (their acks fail), so their work is done twice. A source that states
     /// its patience has each of its messages that waits in the runtime (queued, held under
     /// backpressure, parked behind its ordering key) for
-    /// [`patience_share`](crate::runtime::RuntimeConfig::patience_share) of it handed back in
+    /// [`patience_share`](crate::runtime::ExpertConfig::patience_share) of it handed back in
     /// time: deferred where its tier defers and a copy can still come back in time, otherwise
     /// released ([`AckSink::release`](crate::runtime::AckSink::release)) for the broker to
     /// deliver again. The time a message waited in the source before [`next`](Source::next)

@@ -31,7 +31,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// fill ratio, the bytes held are kept. `config` must be validated first.
     pub(crate) fn apply_toolbox(&self, config: &RuntimeConfig) {
         self.buckets.apply(&config.buckets);
-        self.accounts.memory.apply(&config.memory);
+        self.accounts.memory.apply(&config.memory_config());
     }
 
     /// The toolbox's gauges, on the sampler's tick.

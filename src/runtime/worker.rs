@@ -314,6 +314,7 @@ where
         p
     } else if let Some(p) = inner
         .config()
+        .expert
         .work_conserving
         .then(|| inner.limit.try_acquire_ref_up_to(tier, inner.limit.limit()))
         .flatten()

@@ -24,13 +24,16 @@ use triage::PerTier;
 pub fn config(workers: usize, capacity: usize) -> RuntimeConfig {
     RuntimeConfig {
         workers: workers.try_into().unwrap(),
-        queue: WfqConfig::with_capacity(capacity),
-        retry: RetryConfig {
-            max_retries: 3,
-            base_backoff_ms: 1,
-            max_backoff_ms: 5,
+        retry: RetryConfig { max_retries: 3 },
+        expert: triage::runtime::ExpertConfig {
+            retry: triage::runtime::BackoffConfig {
+                base_backoff_ms: 1,
+                max_backoff_ms: 5,
+            },
+            queue: WfqConfig::with_capacity(capacity),
+            poll_interval_ms: 1,
+            ..triage::runtime::ExpertConfig::default()
         },
-        poll_interval_ms: 1,
         ..RuntimeConfig::default()
     }
 }
@@ -39,11 +42,11 @@ pub fn config(workers: usize, capacity: usize) -> RuntimeConfig {
 /// say, `policy` for every tier but Critical (Backpressure).
 pub fn overload_config(policy: RefusalPolicy) -> RuntimeConfig {
     let mut c = config(1, 4);
-    c.queue.admission = QueueAgeConfig::disabled();
+    c.expert.queue.admission = QueueAgeConfig::disabled();
     // The intake fills the queue to its capacity (not paced to twice the limit), so these tests
     // reach the full-queue refusals they are about whatever the load signal says.
-    c.admission = PullAdmissionConfig::disabled();
-    c.admission.prefetch_per_slot = 1000;
+    c.expert.admission = PullAdmissionConfig::disabled();
+    c.expert.admission.prefetch_per_slot = 1000;
     c.policy = PerTier::splat(policy);
     c.policy.critical = RefusalPolicy::Backpressure;
     c

@@ -150,7 +150,10 @@ async fn runtime(queue: &str, n: usize) -> Duration {
         .await
         .expect("source");
     let config = RuntimeConfig {
-        queue: WfqConfig::with_capacity(1_024),
+        expert: triage::runtime::ExpertConfig {
+            queue: WfqConfig::with_capacity(1_024),
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     };
     let mut rt = Runtime::builder(config)

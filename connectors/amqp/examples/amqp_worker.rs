@@ -194,7 +194,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let config = RuntimeConfig {
         workers: NonZeroUsize::new(args.workers).ok_or("--workers must be at least 1")?,
-        queue: WfqConfig::with_capacity(capacity.get()),
+        expert: triage::runtime::ExpertConfig {
+            queue: WfqConfig::with_capacity(capacity.get()),
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     };
     let service = Duration::from_millis(args.service_ms);

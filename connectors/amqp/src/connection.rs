@@ -4,13 +4,13 @@
 //! jitter*: after `n` failures in a row the next attempt waits a uniformly random time in
 //! `[0, min(max, initial * 2^n)]`. Many consumers losing the same broker then come back spread
 //! out instead of in lockstep. The schedule is the core's one helper,
-//! [`RetryConfig::backoff`], the one the runtime's handler retries use, not a copy.
+//! [`BackoffConfig::backoff`], the one the runtime's handler retries use, not a copy.
 
 use std::time::Duration;
 
 use lapin::{Connection, ConnectionProperties};
 use serde::{Deserialize, Serialize};
-use triage::runtime::RetryConfig;
+use triage::runtime::BackoffConfig;
 use triage::ConfigError;
 
 /// How to retry a lost connection.
@@ -86,8 +86,7 @@ impl ReconnectConfig {
     /// The wait before the next attempt after `failures` failed attempts in a row (0 after a
     /// loss, before the first attempt): full jitter below `min(max, initial * 2^failures)`.
     pub fn backoff(&self, failures: u32) -> Duration {
-        RetryConfig {
-            max_retries: 0,
+        BackoffConfig {
             base_backoff_ms: self.initial_backoff_ms.max(1),
             max_backoff_ms: self.max_backoff_ms.max(1),
         }

@@ -53,7 +53,7 @@ async fn a_backlog_is_served_in_order_not_deferred() {
             .unwrap(),
     );
     let config = RuntimeConfig::default();
-    let capacity = config.queue.capacity;
+    let capacity = config.expert.queue.capacity;
     let workers = config.workers.get() as u64;
     let mut rt = Runtime::builder(config)
         .defer_sink(Arc::clone(&defer))

@@ -218,14 +218,17 @@ async fn a_sheddable_delivery_behind_a_critical_backlog_is_handed_back_before_th
     let (c, f) = (Arc::clone(&calls), Arc::clone(&finished));
     let config = RuntimeConfig {
         workers: NonZeroUsize::new(4).unwrap(),
-        queue: WfqConfig::with_capacity(1_024),
-        shares: TierShares::new(1.0, 0.9, 0.75, 0.01).unwrap(),
-        // Shares strict for a second after Critical work was queued: the Sheddable delivery
-        // never borrows a slot while the backlog lasts, however the pulls interleave.
-        share_reserve_ms: 1_000,
         // Nothing shed: were pull admission to refuse the Sheddable delivery for a while, it
         // would be held rather than dropped, and wait all the same.
         policy: PerTier::splat(RefusalPolicy::Backpressure),
+        expert: triage::runtime::ExpertConfig {
+            queue: WfqConfig::with_capacity(1_024),
+            shares: TierShares::new(1.0, 0.9, 0.75, 0.01).unwrap(),
+            // Shares strict for a second after Critical work was queued: the Sheddable delivery
+            // never borrows a slot while the backlog lasts, however the pulls interleave.
+            share_reserve_ms: 1_000,
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     };
     let mut rt = Runtime::builder(config)

@@ -29,8 +29,11 @@ fn holding_runtime() -> RuntimeConfig {
     queue.admission = QueueAgeConfig::disabled();
     RuntimeConfig {
         workers: NonZeroUsize::new(1).unwrap(),
-        queue,
         policy: PerTier::splat(RefusalPolicy::Backpressure),
+        expert: triage::runtime::ExpertConfig {
+            queue,
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     }
 }

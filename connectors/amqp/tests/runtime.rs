@@ -23,7 +23,10 @@ fn runtime_config(workers: usize, capacity: usize) -> RuntimeConfig {
     queue.admission = QueueAgeConfig::disabled();
     RuntimeConfig {
         workers: NonZeroUsize::new(workers).unwrap(),
-        queue,
+        expert: triage::runtime::ExpertConfig {
+            queue,
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     }
 }

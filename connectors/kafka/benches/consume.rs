@@ -220,7 +220,7 @@ async fn triage(topic: &str) -> Timing {
         workers: 8.try_into().expect("non-zero"),
         ..RuntimeConfig::default()
     };
-    config.queue.admission = QueueAgeConfig::disabled();
+    config.expert.queue.admission = QueueAgeConfig::disabled();
     config.policy = PerTier::splat(RefusalPolicy::Backpressure);
     // The handler stamps the first and the last record and wakes the bench at the last: no
     // polling of the runtime's stats meanwhile (which cost a timer wake-up every millisecond).

@@ -215,19 +215,23 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     let mut config = RuntimeConfig {
         workers: NonZeroUsize::new(args.workers).ok_or("--workers must be at least 1")?,
-        queue: WfqConfig::with_capacity(
-            NonZeroUsize::new(args.capacity)
-                .ok_or("--capacity must be at least 1")?
-                .get(),
-        ),
+        expert: triage::runtime::ExpertConfig {
+            queue: WfqConfig::with_capacity(
+                NonZeroUsize::new(args.capacity)
+                    .ok_or("--capacity must be at least 1")?
+                    .get(),
+            ),
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     };
     if let Some(held) = args.max_held {
-        config.max_held = NonZeroUsize::new(held).ok_or("--max-held must be at least 1")?;
+        config.expert.max_held = NonZeroUsize::new(held).ok_or("--max-held must be at least 1")?;
     }
     config.defer_held_to_make_room = !args.no_make_room;
     if let Some(n) = args.max_deferring {
-        config.max_deferring = NonZeroUsize::new(n).ok_or("--max-deferring must be at least 1")?;
+        config.expert.max_deferring =
+            NonZeroUsize::new(n).ok_or("--max-deferring must be at least 1")?;
     }
     let defer_sink = Arc::new(KafkaDeferSink::new(KafkaSinkConfig::new(
         &args.brokers,

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use triage::ordering::OrderingMode;
-use triage::runtime::{HandlerError, Job, RetryConfig, Runtime, RuntimeConfig};
+use triage::runtime::{
+    BackoffConfig, ExpertConfig, HandlerError, Job, RetryConfig, Runtime, RuntimeConfig,
+};
 use triage_kafka::{KafkaMessage, KafkaSource, KafkaSourceConfig};
 
 use common::{
@@ -39,12 +41,15 @@ async fn consume(topic: &str, mode: OrderingMode) -> Outcome {
     let overlapped: Arc<Mutex<HashSet<u32>>> = Arc::default();
     let config = RuntimeConfig {
         workers: 16.try_into().unwrap(),
-        retry: RetryConfig {
-            max_retries: 5,
-            base_backoff_ms: 1,
-            max_backoff_ms: 5,
+        retry: RetryConfig { max_retries: 5 },
+        expert: ExpertConfig {
+            retry: BackoffConfig {
+                base_backoff_ms: 1,
+                max_backoff_ms: 5,
+            },
+            poll_interval_ms: 1,
+            ..ExpertConfig::default()
         },
-        poll_interval_ms: 1,
         // The default refusal policies: a keyed backlog is not an overload, so nothing is
         // shed (before the intake bounded its look-ahead past parked messages, pull-based
         // admission read the key-mode run's pull bursts as arrival and shed Medium records).

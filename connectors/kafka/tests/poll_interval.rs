@@ -37,8 +37,11 @@ async fn a_hold_longer_than_max_poll_interval_keeps_the_consumer_in_its_group() 
     let mut config = RuntimeConfig {
         workers: 1.try_into().unwrap(),
         policy: PerTier::splat(RefusalPolicy::Backpressure),
-        max_held: 1.try_into().unwrap(),
         forced_shed_level: 3,
+        expert: triage::runtime::ExpertConfig {
+            max_held: 1.try_into().unwrap(),
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     };
     let mut runtime = Runtime::builder(config.clone())

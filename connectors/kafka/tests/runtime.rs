@@ -27,8 +27,8 @@ async fn panicking_handlers_are_dead_lettered_and_the_position_moves_past_them()
     let dead_letters = Arc::new(KafkaDeferSink::new(sink_config).unwrap());
     let mut config = RuntimeConfig::default();
     config.retry.max_retries = 2;
-    config.retry.base_backoff_ms = 1;
-    config.retry.max_backoff_ms = 5;
+    config.expert.retry.base_backoff_ms = 1;
+    config.expert.retry.max_backoff_ms = 5;
     let mut runtime = Runtime::builder(config)
         .dead_letter_sink(Arc::clone(&dead_letters))
         .start(|job: Job<KafkaMessage>| async move {
@@ -214,8 +214,8 @@ async fn retry_history_survives_a_deferral() {
     let dead_letters = Arc::new(KafkaDeferSink::new(KafkaSinkConfig::new(BROKERS, &dlq)).unwrap());
     let mut config = RuntimeConfig::default();
     config.retry.max_retries = 3;
-    config.retry.base_backoff_ms = 1;
-    config.retry.max_backoff_ms = 5;
+    config.expert.retry.base_backoff_ms = 1;
+    config.expert.retry.max_backoff_ms = 5;
     let runs = Arc::new(Mutex::new(Vec::new()));
     let seen = Arc::clone(&runs);
     let mut runtime = Runtime::builder(config)

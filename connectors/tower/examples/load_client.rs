@@ -127,8 +127,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .layer(RetryLayer::new(RetryAfterPolicy::new(
             triage::runtime::RetryConfig {
                 max_retries: args.max_retries,
-                ..Default::default()
             },
+            triage::runtime::BackoffConfig::default(),
             Arc::new(tower::retry::budget::TpsBudget::new(
                 Duration::from_secs(10),
                 10,

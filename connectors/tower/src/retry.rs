@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::{HeaderValue, Request, Response, StatusCode};
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::retry::Policy;
-use triage::runtime::RetryConfig;
+use triage::runtime::{BackoffConfig, RetryConfig};
 use triage::wire;
 
 /// A [`tower::retry::Policy`] for HTTP (and gRPC over HTTP) clients of a service behind a
@@ -18,7 +18,7 @@ use triage::wire;
 /// - Retries a 503, a 429, a gRPC `UNAVAILABLE` (14) or `RESOURCE_EXHAUSTED` (8) answer, and
 ///   transport errors; nothing else (a 500 is the handler's failure, not overload).
 /// - Waits the longer of the server's `Retry-After` (or `grpc-retry-pushback-ms`) and an
-///   exponential backoff with full jitter (triage's [`RetryConfig::backoff`]: uniform in
+///   exponential backoff with full jitter (triage's [`BackoffConfig::backoff`]: uniform in
 ///   `0..min(max, base x 2^n)`), so clients do not come back in step.
 /// - Caps retries as a fraction of traffic with tower's [`TpsBudget`] (share one budget
 ///   between all clones, as the default does): when overload makes most requests fail,
@@ -78,7 +78,8 @@ use triage::wire;
 /// ```
 #[derive(Clone, Debug)]
 pub struct RetryAfterPolicy {
-    backoff: RetryConfig,
+    retry: RetryConfig,
+    backoff: BackoffConfig,
     budget: Arc<TpsBudget>,
     attempt: u32,
 }
@@ -89,16 +90,19 @@ impl Default for RetryAfterPolicy {
     fn default() -> Self {
         RetryAfterPolicy::new(
             RetryConfig::default(),
+            BackoffConfig::default(),
             Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)),
         )
     }
 }
 
 impl RetryAfterPolicy {
-    /// A policy backing off by `backoff` and withdrawing each retry from `budget` (share it
-    /// between every client of one caller).
-    pub fn new(backoff: RetryConfig, budget: Arc<TpsBudget>) -> Self {
+    /// A policy retrying at most `retry.max_retries` times per request, backing off by
+    /// `backoff` and withdrawing each retry from `budget` (share it between every client of
+    /// one caller).
+    pub fn new(retry: RetryConfig, backoff: BackoffConfig, budget: Arc<TpsBudget>) -> Self {
         RetryAfterPolicy {
+            retry,
             backoff,
             budget,
             attempt: 0,
@@ -176,7 +180,7 @@ impl<B: Clone, R, E> Policy<Request<B>, Response<R>, E> for RetryAfterPolicy {
         // whoever sent it first: the larger, so a retry is never demoted less than the
         // attempt that was refused.
         let before = attempts_of(req).max(self.attempt);
-        if before >= self.backoff.max_retries || !self.budget.withdraw() {
+        if before >= self.retry.max_retries || !self.budget.withdraw() {
             return None;
         }
         self.attempt = before.saturating_add(1);
@@ -239,7 +243,8 @@ mod tests {
     fn budget_caps_retries_as_a_fraction_of_traffic() {
         // No floor, 10 % of deposits may be retried.
         let budget = Arc::new(TpsBudget::new(Duration::from_secs(10), 0, 0.1));
-        let policy = RetryAfterPolicy::new(RetryConfig::default(), budget);
+        let policy =
+            RetryAfterPolicy::new(RetryConfig::default(), BackoffConfig::default(), budget);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -264,12 +269,11 @@ mod tests {
     #[test]
     fn at_most_max_retries_and_waits_at_least_retry_after() {
         let budget = Arc::new(TpsBudget::new(Duration::from_secs(10), 1_000, 1.0));
-        let backoff = RetryConfig {
-            max_retries: 2,
+        let backoff = BackoffConfig {
             base_backoff_ms: 1,
             max_backoff_ms: 5,
         };
-        let mut p = RetryAfterPolicy::new(backoff, budget);
+        let mut p = RetryAfterPolicy::new(RetryConfig { max_retries: 2 }, backoff, budget);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .start_paused(true)

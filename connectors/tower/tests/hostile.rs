@@ -124,7 +124,7 @@ mod any_headers {
             use std::sync::Arc;
             use tower::retry::budget::TpsBudget;
             use tower::retry::Policy;
-            use triage::runtime::RetryConfig;
+            use triage::runtime::{BackoffConfig, RetryConfig};
             use triage_tower::RetryAfterPolicy;
 
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -133,9 +133,10 @@ mod any_headers {
                 .build()
                 .unwrap();
             let _guard = rt.enter();
-            let config = RetryConfig { max_retries: 3, base_backoff_ms: 10, max_backoff_ms: 50 };
+            let retry = RetryConfig { max_retries: 3 };
+            let backoff = BackoffConfig { base_backoff_ms: 10, max_backoff_ms: 50 };
             let budget = Arc::new(TpsBudget::new(Duration::from_secs(10), 1_000, 1.0));
-            let mut policy = RetryAfterPolicy::new(config, budget);
+            let mut policy = RetryAfterPolicy::new(retry, backoff, budget);
             let mut req = get("/");
             if let Some(a) = &attempt {
                 req = req.header(wire::ATTEMPT, a.clone());
@@ -268,7 +269,7 @@ async fn the_retry_policy_never_lowers_the_attempt_and_counts_earlier_ones() {
     use std::sync::Arc;
     use tower::retry::budget::TpsBudget;
     use tower::retry::RetryLayer;
-    use triage::runtime::RetryConfig;
+    use triage::runtime::{BackoffConfig, RetryConfig};
     use triage_tower::RetryAfterPolicy;
 
     // Answers 503 (Retry-After 1) to everything, recording the attempt each call carried.
@@ -289,8 +290,8 @@ async fn the_retry_policy_never_lowers_the_attempt_and_counts_earlier_ones() {
         }
     });
     let policy = RetryAfterPolicy::new(
-        RetryConfig {
-            max_retries: 3,
+        RetryConfig { max_retries: 3 },
+        BackoffConfig {
             base_backoff_ms: 1,
             max_backoff_ms: 1,
         },

@@ -454,10 +454,13 @@ async fn the_cores_buckets_and_the_runtimes_breakers_as_gates() {
     use triage_tower::{CircuitGate, RateGate};
 
     let runtime = Runtime::builder(RuntimeConfig {
-        breaker: BreakerConfig {
-            min_calls: 2,
-            recovery_ms: 45_000,
-            ..Default::default()
+        expert: triage::runtime::ExpertConfig {
+            breaker: BreakerConfig {
+                min_calls: 2,
+                recovery_ms: 45_000,
+                ..Default::default()
+            },
+            ..triage::runtime::ExpertConfig::default()
         },
         ..RuntimeConfig::default()
     })

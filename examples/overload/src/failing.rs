@@ -72,7 +72,7 @@ async fn run_once(p: &Params, breaker: bool) -> Outcome {
         workers: p.workers.try_into().unwrap_or(std::num::NonZeroUsize::MIN),
         ..RuntimeConfig::default()
     };
-    config.breaker.enabled = breaker;
+    config.expert.breaker.enabled = breaker;
     let c = Arc::clone(&counts);
     let (service, failing, handler_clock) = (p.service, p.failing, clock.clone());
     let mut runtime = Runtime::builder(config)

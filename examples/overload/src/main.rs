@@ -304,7 +304,7 @@ async fn main() -> ExitCode {
             workers,
             ..triage::runtime::RuntimeConfig::default()
         };
-        probe.queue.capacity = capacity;
+        probe.expert.queue.capacity = capacity;
         if let Err(e) = probe.validate() {
             eprintln!("error: --workers/--capacity: {e}");
             return ExitCode::from(2);
@@ -374,7 +374,7 @@ async fn main() -> ExitCode {
     let params = match base {
         Some(base) => sim::Params {
             workers: base.workers.get(),
-            capacity: base.queue.capacity.get(),
+            capacity: base.expert.queue.capacity.get(),
             base: Some(base),
             ..params
         },

@@ -271,10 +271,13 @@ fn config(p: &Params) -> RuntimeConfig {
     }
     let mut c = RuntimeConfig {
         workers: p.workers.try_into().expect("workers > 0"),
-        poll_interval_ms: 1,
+        expert: triage::runtime::ExpertConfig {
+            poll_interval_ms: 1,
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     };
-    c.queue.capacity = p.capacity.try_into().expect("capacity > 0");
+    c.expert.queue.capacity = p.capacity.try_into().expect("capacity > 0");
     c
 }
 
@@ -569,10 +572,10 @@ pub async fn run(p: &Params) -> Outcome {
         alive_bound: {
             let c = config(p);
             // Two sources (the broker and the deferred drain) may each hold `max_held`.
-            (c.queue.capacity.get()
+            (c.expert.queue.capacity.get()
                 + c.workers.get()
-                + 2 * c.max_held.get()
-                + c.max_deferring.get()) as u64
+                + 2 * c.expert.max_held.get()
+                + c.expert.max_deferring.get()) as u64
         },
     }
 }

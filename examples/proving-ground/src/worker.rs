@@ -485,17 +485,20 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
     let capacity = NonZeroUsize::new(args.capacity).ok_or("--capacity must be at least 1")?;
     let mut config = RuntimeConfig {
         workers,
-        queue: WfqConfig::with_capacity(capacity.get()),
-        max_held: NonZeroUsize::new(args.max_held).ok_or("--max-held must be at least 1")?,
+        expert: triage::runtime::ExpertConfig {
+            queue: WfqConfig::with_capacity(capacity.get()),
+            max_held: NonZeroUsize::new(args.max_held).ok_or("--max-held must be at least 1")?,
+            ..triage::runtime::ExpertConfig::default()
+        },
         ..RuntimeConfig::default()
     };
     if let Ok(ms) = std::env::var(SHARE_RESERVE_ENV) {
-        config.share_reserve_ms = ms
+        config.expert.share_reserve_ms = ms
             .parse()
             .map_err(|_| format!("{SHARE_RESERVE_ENV} must be a number of milliseconds"))?;
     }
     if let Ok(on) = std::env::var(WORK_CONSERVING_ENV) {
-        config.work_conserving = on
+        config.expert.work_conserving = on
             .parse()
             .map_err(|_| format!("{WORK_CONSERVING_ENV} must be true or false"))?;
     }

@@ -6,7 +6,7 @@ fn main() {
         let mut line = format!("{:20}", sc.name);
         for cap in [1024usize, 512, 256, 128] {
             let mut c = RuntimeConfig::default();
-            c.queue.capacity = cap.try_into().unwrap();
+            c.expert.queue.capacity = cap.try_into().unwrap();
             let out = run_virtual(&sc, &Consumer::Triage(Box::new(c)));
             line += &format!(
                 " cap {cap}: {:.1}/{:.2}",

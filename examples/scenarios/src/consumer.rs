@@ -39,6 +39,6 @@ impl Consumer {
 /// `RuntimeConfig::default()` with the expert switch `admission.derive_bounds` off.
 pub fn previous_defaults() -> RuntimeConfig {
     let mut c = RuntimeConfig::default();
-    c.admission.derive_bounds = false;
+    c.expert.admission.derive_bounds = false;
     c
 }

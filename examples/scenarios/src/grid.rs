@@ -54,10 +54,10 @@ impl Point {
         let c = previous_defaults();
         Point {
             weights: [8, 4, 2, 1],
-            headroom: c.admission.headroom,
-            backoff_ms: c.retry.base_backoff_ms,
-            recover_ms: c.admission.recover_ms,
-            capacity: c.queue.capacity.get(),
+            headroom: c.expert.admission.headroom,
+            backoff_ms: c.expert.retry.base_backoff_ms,
+            recover_ms: c.expert.admission.recover_ms,
+            capacity: c.expert.queue.capacity.get(),
             limit: Limit::Fixed,
         }
     }
@@ -68,12 +68,12 @@ impl Point {
     pub fn config(&self, workers: usize) -> RuntimeConfig {
         let mut c = previous_defaults();
         let [w0, w1, w2, w3] = self.weights;
-        c.queue = c.queue.weights(w0, w1, w2, w3);
-        c.queue.capacity = NonZeroUsize::new(self.capacity).unwrap_or(NonZeroUsize::MIN);
-        c.admission.headroom = self.headroom;
-        c.retry.base_backoff_ms = self.backoff_ms;
-        c.admission.recover_ms = self.recover_ms;
-        c.limit = match self.limit {
+        c.expert.queue = c.expert.queue.weights(w0, w1, w2, w3);
+        c.expert.queue.capacity = NonZeroUsize::new(self.capacity).unwrap_or(NonZeroUsize::MIN);
+        c.expert.admission.headroom = self.headroom;
+        c.expert.retry.base_backoff_ms = self.backoff_ms;
+        c.expert.admission.recover_ms = self.recover_ms;
+        c.expert.limit = match self.limit {
             Limit::Fixed => None,
             Limit::Gradient2 => Some(LimitConfig::Gradient2(Gradient2Config {
                 initial: workers,

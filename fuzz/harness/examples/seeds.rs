@@ -446,10 +446,10 @@ fn config() -> Vec<Vec<u8>> {
     seeds.push(edits(
         traffic,
         &[
-            &[("limit.kind", 5, word("gradient2"))],
+            &[("expert.limit.kind", 5, word("gradient2"))],
             &[
-                ("limit.kind", 5, word("fixed")),
-                ("limit.limit", 1, edge(2)),
+                ("expert.limit.kind", 5, word("fixed")),
+                ("expert.limit.limit", 1, edge(2)),
             ],
         ],
     ));
@@ -457,8 +457,8 @@ fn config() -> Vec<Vec<u8>> {
         0b0111_1000,
         &[
             &[
-                ("retry.base_backoff_ms", 1, edge(3_600_000)),
-                ("retry.max_backoff_ms", 1, edge(3_600_000)),
+                ("expert.retry.base_backoff_ms", 1, edge(3_600_000)),
+                ("expert.retry.max_backoff_ms", 1, edge(3_600_000)),
             ],
             &[("retry.max_retries", 1, edge(100))],
         ],
@@ -467,28 +467,28 @@ fn config() -> Vec<Vec<u8>> {
         traffic,
         &[
             &[
-                ("breaker.recovery_ms", 1, edge(3_600_000)),
-                ("breaker.min_calls", 1, edge(1)),
+                ("expert.breaker.recovery_ms", 1, edge(3_600_000)),
+                ("expert.breaker.min_calls", 1, edge(1)),
             ],
-            &[("breaker.window_ms", 1, edge(i64::MAX))],
+            &[("expert.breaker.window_ms", 1, edge(i64::MAX))],
         ],
     ));
     seeds.push(edits(
         traffic,
         &[
             &[
-                ("admission.recover_ms", 1, edge(600_000)),
-                ("admission.tick_ms", 1, edge(1)),
+                ("expert.admission.recover_ms", 1, edge(600_000)),
+                ("expert.admission.tick_ms", 1, edge(1)),
             ],
-            &[("admission.window_ms", 1, edge(u32::MAX as i64 + 1))],
+            &[("expert.admission.window_ms", 1, edge(u32::MAX as i64 + 1))],
         ],
     ));
     seeds.push(edits(
         traffic,
         &[
-            &[("queue.capacity", 1, edge(2))],
+            &[("expert.queue.capacity", 1, edge(2))],
             &[
-                ("queue.capacity", 1, edge(1)),
+                ("expert.queue.capacity", 1, edge(1)),
                 ("policy.critical", 5, word("drop")),
             ],
         ],
@@ -514,10 +514,10 @@ fn config() -> Vec<Vec<u8>> {
         traffic,
         &[
             &[
-                ("share_reserve_ms", 1, edge(600_000)),
-                ("poll_interval_ms", 1, edge(60_000)),
+                ("expert.share_reserve_ms", 1, edge(600_000)),
+                ("expert.poll_interval_ms", 1, edge(60_000)),
             ],
-            &[("defer_cooldown_ms", 1, edge(3_600_000))],
+            &[("expert.defer_cooldown_ms", 1, edge(3_600_000))],
         ],
     ));
     seeds.push(edits(
@@ -525,7 +525,7 @@ fn config() -> Vec<Vec<u8>> {
         &[
             &[],
             &[("policy.medium", 5, word("defer"))],
-            &[("max_deferring", 1, edge(1))],
+            &[("expert.max_deferring", 1, edge(1))],
         ],
     ));
     seeds

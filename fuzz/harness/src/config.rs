@@ -46,7 +46,7 @@ use triage::limit::{AimdConfig, Gradient2Config, LimitConfig};
 use triage::quanta::{Clock, Mock};
 use triage::runtime::{
     DeferSink, Envelope, HandlerError, Job, LoadConfigError, MemoryBroker, MemorySink,
-    RefusalPolicy, Republish, Runtime, RuntimeConfig, SinkError, FIXED,
+    RefusalPolicy, Republish, Runtime, RuntimeConfig, SinkError, FIXED, MOVED,
 };
 use triage::{Criticality, PerTier};
 
@@ -154,7 +154,7 @@ pub fn paths() -> &'static [String] {
     PATHS.get_or_init(|| {
         let mut out = Vec::new();
         let mut full = RuntimeConfig::default();
-        full.queue.max_bytes = std::num::NonZeroUsize::new(1 << 20);
+        full.expert.queue.max_bytes = std::num::NonZeroUsize::new(1 << 20);
         full.memory.budget_bytes = Some(1 << 20);
         full.buckets.capacity = Some(100.0);
         let bucket = triage::admission::BucketConfig::per_second(10.0).burst(5);
@@ -175,10 +175,10 @@ pub fn paths() -> &'static [String] {
                 ..Gradient2Config::default()
             }),
         ] {
-            shared.limit = Some(limit);
+            shared.expert.limit = Some(limit);
             if let Ok(Value::Table(t)) = Value::try_from(&shared) {
-                if let Some(v) = t.get("limit") {
-                    leaves("limit", v, &mut out);
+                if let Some(v) = t.get("expert").and_then(|e| e.get("limit")) {
+                    leaves("expert.limit", v, &mut out);
                 }
             }
         }
@@ -277,6 +277,15 @@ fn configurations(input: &mut Input<'_>) -> Vec<Table> {
 /// a key missing from a table of `text` (a bucket's `rate` when it has none): the path up to
 /// its last part leads through the file's tables.
 fn names_a_key(field: &str, text: &str) -> bool {
+    // A setting of the layout before the expert group is named at its new place.
+    let old = MOVED.iter().find_map(|(old, new)| {
+        let rest = field.strip_prefix(new)?;
+        (rest.is_empty() || rest.starts_with('.')).then(|| format!("{old}{rest}"))
+    });
+    is_a_key(field, text) || old.is_some_and(|old| is_a_key(&old, text))
+}
+
+fn is_a_key(field: &str, text: &str) -> bool {
     let Ok(Value::Table(t)) = text.parse::<Value>() else {
         return true;
     };
@@ -463,9 +472,9 @@ async fn drive(
                     runtime.config_generation(),
                     generation + u64::from(!r.changes.is_empty())
                 );
-                assert_eq!(runtime.concurrency_limit().shares(), b.shares);
-                if b.limit != before.limit {
-                    let initial = match &b.limit {
+                assert_eq!(runtime.concurrency_limit().shares(), b.expert.shares);
+                if b.expert.limit != before.expert.limit {
+                    let initial = match &b.expert.limit {
                         Some(l) => l.build().expect("validated").limit(),
                         None => b.workers.get(),
                     };

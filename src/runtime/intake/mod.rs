@@ -187,7 +187,7 @@ pub(crate) async fn run<S: Source>(
         // Parked messages (behind a busy ordering key) have a bound of their own. Both bounds
         // are read each turn: a live reconfiguration may change them.
         let config = inner.config();
-        let (max_held, max_parked) = (config.max_held.get(), config.max_parked.get());
+        let (max_held, max_parked) = (config.expert.max_held.get(), config.expert.max_parked.get());
         drop(config);
         if mode == Mode::Normal {
             held.make_room(&inner, max_held);

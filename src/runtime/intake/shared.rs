@@ -53,7 +53,7 @@ where
             return false;
         }
         let prefetch = inner.prefetch();
-        let max_parked = inner.config().max_parked.get();
+        let max_parked = inner.config().expert.max_parked.get();
         // Read before the pulls, to stamp what they take (see `recall.rs`).
         let stamp = inner.recalls.stamp();
         let mut offered = false;

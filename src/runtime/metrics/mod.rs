@@ -10,7 +10,7 @@
 //! dequeue in `triage_expired_total`, `triage_sojourn_seconds` and
 //! `triage_handler_latency_seconds` are counted per thread (`metric_counts.rs`), and
 //! `triage_refused_total` and `triage_admission_decisions_total` in the runtime's own counters;
-//! the sampler adds them to the metrics every `admission.tick_ms` (100 ms) and at shutdown, so
+//! the sampler adds them to the metrics every `expert.admission.tick_ms` (100 ms) and at shutdown, so
 //! a scrape lags them by one tick at most (see `accounts::RefusalCounts` and `crate::sync` for
 //! why). Without a recorder installed
 //! (see `metrics::set_global_recorder`, or the `prometheus` feature) every handle is a no-op.
@@ -23,7 +23,7 @@
 //! | `triage_admission_decisions_total` | counter | tier, decision | each consumed message's first admission decision: `admitted`, `shed-capacity`, `shed-rate`, `shed-circuit`, `shed-expired`, `shed-memory`; they add up to the messages consumed |
 //! | `triage_shed_total` | counter | tier, reason | messages ending `Shed` (acknowledged, dropped by policy) |
 //! | `triage_deferred_total` | counter | tier | messages ending `Deferred` (broker confirmed) |
-//! | `triage_too_late_to_defer_total` | counter | tier | of the shed, refused messages of a Defer tier shed rather than deferred: their deadline is closer than the soonest a drain is expected to bring a copy back: `admission.recover_ms` plus the time shedding has lasted (an overload that has lasted `T` taken to last `T` more), the time the operator's forced level has been up, or the backlog (lag, queued and held) over the estimated capacity |
+//! | `triage_too_late_to_defer_total` | counter | tier | of the shed, refused messages of a Defer tier shed rather than deferred: their deadline is closer than the soonest a drain is expected to bring a copy back: `expert.admission.recover_ms` plus the time shedding has lasted (an overload that has lasted `T` taken to last `T` more), the time the operator's forced level has been up, or the backlog (lag, queued and held) over the estimated capacity |
 //! | `triage_defer_failures_total` | counter | | defer publishes that failed in transport (message fell back to backpressure, sink marked unhealthy) |
 //! | `triage_defer_rejected_total` | counter | | deferrals the sink refused for good (message sent to the dead-letter path) |
 //! | `triage_dead_letter_retries_total` | counter | | dead-letter publishes that failed in transport and were retried |
@@ -61,7 +61,7 @@
 //! | `triage_circuit_withdrawn_total` | counter | tier | admitted messages taken back before a handler call because their downstream's circuit opened while they were queued |
 //! | `triage_circuits_open` | gauge | | downstream circuits not closed (open or half-open) |
 //! | `triage_circuits_opened_total` | counter | | times a downstream circuit opened (from closed, or again after a failed probe) |
-//! | `triage_breaker_untracked_total` | counter | | messages whose downstream key was not tracked because `breaker.max_keys` keys already were |
+//! | `triage_breaker_untracked_total` | counter | | messages whose downstream key was not tracked because `expert.breaker.max_keys` keys already were |
 //! | `triage_bucket_fill_ratio` | gauge | tier | tokens in the tier's bucket over its burst, 0 to 1 (1 for a tier without a bucket) |
 //! | `triage_memory_held_bytes` | gauge | | payload bytes held by the process: queued, held, deferring, waiting to retry, in a handler |
 //! | `triage_memory_budget_bytes` | gauge | | the memory budget, bytes (0: none) |

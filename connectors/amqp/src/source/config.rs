@@ -97,7 +97,7 @@ pub struct AmqpSourceConfig {
     /// How often the ready-message count of the consumed queues is measured for
     /// [`Source::lag`](triage::runtime::Source::lag) (a passive `queue.declare` per queue on a
     /// channel of its own), in milliseconds. Default 250; allowed `10..=600000`. Keep it well
-    /// below the runtime's `admission.window_ms` (1000): pull-based admission infers the
+    /// below the runtime's `expert.admission.window_ms` (1000): pull-based admission infers the
     /// arrival rate from the lag's trend over each half of that window.
     pub lag_refresh_ms: u64,
     /// Bound on [`shutdown`](triage::runtime::Source::shutdown): time to send the pending
@@ -115,7 +115,7 @@ pub struct AmqpSourceConfig {
     /// Set it to what the broker applies (its `consumer_timeout`, or the `consumer-timeout` of a
     /// policy on the queue, which a client cannot read): the source states it as its
     /// [`patience`](triage::runtime::Source::patience), and the runtime hands back every
-    /// delivery that has waited [`patience_share`](triage::runtime::RuntimeConfig::patience_share)
+    /// delivery that has waited [`patience_share`](triage::runtime::ExpertConfig::patience_share)
     /// of it (80% by default) without reaching a handler: deferred where its tier defers and a
     /// copy comes back in time, otherwise released (`basic.nack` with `requeue`), so that the
     /// broker delivers it again rather than close the channel. A closed channel would

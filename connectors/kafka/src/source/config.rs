@@ -109,7 +109,7 @@ pub struct KafkaSourceConfig {
     /// summed over the assigned partitions, queried from the broker on a thread of its own),
     /// in milliseconds. Default 250; allowed `10..=3_600_000`. Each measurement costs one
     /// `ListOffsets` request per assigned partition. Keep it well below the runtime's
-    /// `admission.window_ms` (1000): pull-based admission infers the arrival rate from the
+    /// `expert.admission.window_ms` (1000): pull-based admission infers the arrival rate from the
     /// lag's trend over that window.
     pub lag_interval_ms: u64,
     /// Messages consumed ahead of the runtime: the hand-off buffer's capacity. Default 1000;

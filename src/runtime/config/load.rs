@@ -1,0 +1,142 @@
+//! Loading a configuration from TOML (or any self-describing serde format): the old layout is
+//! moved into the new one ([`super::migrate`]), and every error names the dotted field.
+
+use serde::de::{Deserialize, Deserializer, Error as _};
+use serde::{Serialize, Serializer};
+use toml::{Table, Value};
+
+use super::migrate::{self, Move};
+use super::RuntimeConfig;
+use crate::ConfigError;
+
+/// A configuration that could not be loaded: bad TOML, or a value out of range.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LoadConfigError {
+    /// The text is not valid TOML for this structure (the message names the key by its dotted
+    /// path).
+    Parse(toml::de::Error),
+    /// A value is outside its allowed range, or a field no longer exists: the error names it
+    /// and its allowed range, or what replaced it.
+    Invalid(ConfigError),
+}
+
+impl std::fmt::Display for LoadConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadConfigError::Parse(e) => write!(f, "invalid config: {e}"),
+            LoadConfigError::Invalid(e) => write!(f, "invalid config: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for LoadConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LoadConfigError::Parse(e) => Some(e),
+            LoadConfigError::Invalid(e) => Some(e),
+        }
+    }
+}
+
+impl RuntimeConfig {
+    /// Parses and validates a TOML document.
+    ///
+    /// A document in the layout before the expert group (`[queue]`, `[admission]`,
+    /// `[breaker]`, `[limit]`, `[shares]`, `max_held`, `retry.base_backoff_ms`, ... at the top
+    /// level) loads to the same configuration: each such setting is moved under `expert`, and
+    /// one warning (`tracing`) names every one moved with its new path.
+    ///
+    /// # Errors
+    ///
+    /// [`LoadConfigError::Parse`] for text that is not this structure (unknown keys included),
+    /// [`LoadConfigError::Invalid`] for a value out of range, a setting that no longer exists
+    /// or one given at both its old and its new place; each names the field by its dotted
+    /// path, and a value out of range its allowed range.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use triage::runtime::RuntimeConfig;
+    ///
+    /// let old = RuntimeConfig::from_toml("max_held = 100\n[queue]\ncapacity = 64")?;
+    /// let new = RuntimeConfig::from_toml("[expert]\nmax_held = 100\n[expert.queue]\ncapacity = 64")?;
+    /// assert_eq!(old, new);
+    ///
+    /// let err = RuntimeConfig::from_toml("[expert.queue]\ncapacity = 0").unwrap_err();
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "invalid config: expert.queue.capacity = 0 is out of range: allowed 1..=4294967296"
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn from_toml(text: &str) -> Result<Self, LoadConfigError> {
+        let table: Table = toml::from_str(text).map_err(LoadConfigError::Parse)?;
+        let config = from_table(table)?;
+        config.validate().map_err(LoadConfigError::Invalid)?;
+        Ok(config)
+    }
+}
+
+/// Reads `table` as a [`RuntimeConfig`], moving the old layout into the new first; not
+/// validated.
+pub(crate) fn from_table(mut table: Table) -> Result<RuntimeConfig, LoadConfigError> {
+    let moved = migrate::migrate(&mut table).map_err(LoadConfigError::Invalid)?;
+    warn_moved(&moved);
+    let mut track = serde_path_to_error::Track::new();
+    let de = serde_path_to_error::Deserializer::new(Value::Table(table), &mut track);
+    RuntimeConfig::deserialize(de).map_err(|e| from_serde(&track.path().to_string(), &e))
+}
+
+/// One warning per configuration read, naming every setting found at its old place.
+fn warn_moved(moved: &[Move]) {
+    if moved.is_empty() {
+        return;
+    }
+    let list: Vec<String> = moved
+        .iter()
+        .map(|(old, new)| format!("{old} -> {new}"))
+        .collect();
+    tracing::warn!(
+        moved = moved.len(),
+        "configuration in the layout before the expert group: {} setting(s) read at their new \
+         place ({}); write them there (docs/configuration.md)",
+        moved.len(),
+        list.join(", ")
+    );
+}
+
+/// A serde error at `path` as a load error: a value out of range (the messages of
+/// [`crate::config_de`] and the types' own range checks) as [`ConfigError`], naming the dotted
+/// field; anything else as a parse error prefixed with the path.
+fn from_serde(path: &str, e: &toml::de::Error) -> LoadConfigError {
+    let message = e.message();
+    if let Some((field, value, allowed)) = crate::config_de::out_of_range(path, message) {
+        return LoadConfigError::Invalid(ConfigError::new(field, value, allowed));
+    }
+    let message = if path.is_empty() || path == "." {
+        message.to_owned()
+    } else {
+        format!("{path}: {message}")
+    };
+    LoadConfigError::Parse(toml::de::Error::custom(message))
+}
+
+impl<'de> Deserialize<'de> for RuntimeConfig {
+    /// Reads any self-describing format (TOML, JSON, ...) as [`RuntimeConfig::from_toml`]
+    /// does, the old layout included, without the range checks of
+    /// [`validate`](RuntimeConfig::validate) that serde's own types do not make.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let table = Table::deserialize(d)?;
+        from_table(table).map_err(|e| match e {
+            LoadConfigError::Parse(e) => D::Error::custom(e.message()),
+            LoadConfigError::Invalid(e) => D::Error::custom(e),
+        })
+    }
+}
+
+impl Serialize for RuntimeConfig {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        RuntimeConfig::serialize(self, s)
+    }
+}

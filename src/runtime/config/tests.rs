@@ -1,0 +1,211 @@
+//! Tests of loading a configuration: the old layout moved into the new one, and errors naming
+//! the dotted field.
+
+use toml::{Table, Value};
+
+use super::migrate::{migrate, migrate_with};
+use super::MOVED;
+use super::{ExpertConfig, LoadConfigError, RuntimeConfig};
+
+/// A file in the new layout in which every setting that moved differs from its default.
+const EVERY_MOVED_SETTING: &str = r#"
+workers = 4
+[retry]
+max_retries = 5
+[memory]
+budget_bytes = 1000000
+[expert]
+work_conserving = false
+share_reserve_ms = 250
+max_deferring = 512
+max_dead_lettering = 32
+defer_cooldown_ms = 2000
+max_held = 1000
+max_parked = 500
+poll_interval_ms = 10
+patience_share = 0.5
+[expert.queue]
+capacity = 64
+max_bytes = 100000
+[expert.queue.weights]
+critical = 9
+high = 5
+medium = 3
+sheddable = 1
+[expert.queue.admission]
+exit_ratio = 0.25
+[expert.admission]
+tick_ms = 50
+prefetch_per_slot = 4
+[expert.limit]
+kind = "aimd"
+initial = 4
+max = 8
+[expert.shares]
+critical = 1.0
+high = 0.8
+medium = 0.6
+sheddable = 0.4
+[expert.breaker]
+min_calls = 10
+[expert.retry]
+base_backoff_ms = 50
+max_backoff_ms = 5000
+[expert.memory.thresholds]
+critical = 1.0
+high = 0.9
+medium = 0.8
+sheddable = 0.6
+"#;
+
+/// Moves the settings at the new places of [`MOVED`] back to their old places, as a file
+/// written before the expert group held them; asserts each was there to move.
+fn to_old_layout(mut table: Table) -> Table {
+    for &(old, new) in MOVED {
+        let value = take(&mut table, new).unwrap_or_else(|| panic!("`{new}` is not in the file"));
+        let (parents, key) = old
+            .rsplit_once('.')
+            .map_or((None, old), |(p, k)| (Some(p), k));
+        let parent = match parents {
+            None => &mut table,
+            Some(p) => table
+                .entry(p)
+                .or_insert_with(|| Value::Table(Table::new()))
+                .as_table_mut()
+                .unwrap(),
+        };
+        parent.insert(key.to_owned(), value);
+    }
+    // What is left of `[expert]` is empty tables only.
+    let expert = table.remove("expert").unwrap();
+    assert!(
+        expert
+            .as_table()
+            .unwrap()
+            .values()
+            .all(|v| v.as_table().is_some_and(|t| t
+                .values()
+                .all(|v| v.as_table().is_some_and(Table::is_empty)))),
+        "a setting of [expert] that MOVED does not list: {expert}"
+    );
+    table
+}
+
+fn take(table: &mut Table, path: &str) -> Option<Value> {
+    let mut parts: Vec<&str> = path.split('.').collect();
+    let key = parts.pop()?;
+    let mut t = table;
+    for p in parts {
+        t = t.get_mut(p)?.as_table_mut()?;
+    }
+    t.remove(key)
+}
+
+#[test]
+fn every_old_top_level_key_loads_to_the_same_configuration() {
+    let new = RuntimeConfig::from_toml(EVERY_MOVED_SETTING).unwrap();
+    // Every setting of the expert group differs from its default, so a setting the old
+    // layout lost would show.
+    let d = ExpertConfig::default();
+    let e = &new.expert;
+    assert!(e.queue.capacity != d.queue.capacity && e.queue.max_bytes != d.queue.max_bytes);
+    assert!(e.queue.weights != d.queue.weights && e.queue.admission != d.queue.admission);
+    assert!(e.admission != d.admission && e.limit != d.limit && e.shares != d.shares);
+    assert!(e.work_conserving != d.work_conserving && e.share_reserve_ms != d.share_reserve_ms);
+    assert!(e.breaker != d.breaker && e.max_deferring != d.max_deferring);
+    assert!(e.max_dead_lettering != d.max_dead_lettering);
+    assert!(e.defer_cooldown_ms != d.defer_cooldown_ms && e.max_held != d.max_held);
+    assert!(e.max_parked != d.max_parked && e.poll_interval_ms != d.poll_interval_ms);
+    assert!(e.patience_share != d.patience_share && e.retry != d.retry && e.memory != d.memory);
+
+    // Written out in the new layout, moved back to the old one, read again: the same.
+    let table = Table::try_from(&new).unwrap();
+    let old_text = toml::to_string(&to_old_layout(table)).unwrap();
+    for (old, _) in MOVED {
+        let top = old.split('.').next().unwrap();
+        assert!(old_text.contains(top), "{old} missing from\n{old_text}");
+    }
+    assert_eq!(
+        RuntimeConfig::from_toml(&old_text).unwrap(),
+        new,
+        "{old_text}"
+    );
+    // Through serde too (a RuntimeConfig inside an application's own configuration).
+    let through_serde: RuntimeConfig = toml::from_str(&old_text).unwrap();
+    assert_eq!(through_serde, new);
+}
+
+#[test]
+fn each_old_key_alone_moves_to_its_new_place() {
+    let new = RuntimeConfig::from_toml(EVERY_MOVED_SETTING).unwrap();
+    let full = Table::try_from(&new).unwrap();
+    for &(old, new_path) in MOVED {
+        // The one setting at its old place, everything else at the defaults.
+        let mut only = Table::new();
+        let value = take(&mut full.clone(), new_path).unwrap();
+        let (parent, key) = old
+            .rsplit_once('.')
+            .map_or((None, old), |(p, k)| (Some(p), k));
+        match parent {
+            None => {
+                only.insert(key.to_owned(), value.clone());
+            }
+            Some(p) => {
+                only.insert(
+                    p.to_owned(),
+                    Value::Table(Table::from_iter([(key.to_owned(), value.clone())])),
+                );
+            }
+        }
+        let mut moved = only.clone();
+        let done = migrate(&mut moved).unwrap();
+        assert_eq!(done, vec![(old, new_path)]);
+        let from_old = RuntimeConfig::from_toml(&toml::to_string(&only).unwrap()).unwrap();
+        let at_new = toml::to_string(&moved).unwrap();
+        assert_eq!(
+            from_old,
+            RuntimeConfig::from_toml(&at_new).unwrap(),
+            "{old}"
+        );
+        assert_ne!(from_old, RuntimeConfig::default(), "{old} was not read");
+    }
+}
+
+#[test]
+fn a_setting_at_both_places_is_refused_naming_the_new_one() {
+    let err = RuntimeConfig::from_toml("max_held = 10\n[expert]\nmax_held = 20").unwrap_err();
+    let LoadConfigError::Invalid(e) = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(e.field(), "max_held");
+    assert_eq!(
+        err.to_string(),
+        "invalid config: max_held no longer exists: it moved to `expert.max_held`, which is \
+         given too: write it there only"
+    );
+}
+
+#[test]
+fn a_removed_setting_is_refused_naming_its_replacement() {
+    let mut table: Table = toml::from_str("[queue.admission]\nexit_ratio = 0.3").unwrap();
+    let removed = [(
+        "queue.admission.exit_ratio",
+        "the controller derives it; remove the line",
+    )];
+    let err = migrate_with(&mut table, MOVED, &removed).unwrap_err();
+    assert_eq!(err.field(), "queue.admission.exit_ratio");
+    assert_eq!(
+        err.to_string(),
+        "queue.admission.exit_ratio no longer exists: the controller derives it; remove the line"
+    );
+}
+
+#[test]
+fn an_unknown_key_is_named_by_its_dotted_path() {
+    let err = RuntimeConfig::from_toml("[expert.queue]\ncapacty = 5").unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("invalid config: expert.queue.capacty: unknown field `capacty`"),
+        "{err}"
+    );
+}
