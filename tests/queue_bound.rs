@@ -1,7 +1,7 @@
 //! Issue 33's zero-configuration queue bound, as a user meets it: under a pulled overload whose
 //! messages carry deadlines, the queue holds what the workers clear within a quarter of each
 //! tier's deadline slack, not `queue.capacity` (1,024 by default), so what it admits is served
-//! before its deadline instead of waiting behind a deep queue. `admission.derive_bounds = false`
+//! before its deadline instead of waiting behind a deep queue. `expert.admission.derive_bounds = false`
 //! (the defaults before) fills the queue to its capacity. On tokio's paused clock with the
 //! runtime's clock following it: the counts do not depend on the machine's load.
 

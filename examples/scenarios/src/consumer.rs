@@ -36,7 +36,7 @@ impl Consumer {
 }
 
 /// The defaults as they were before the zero-configuration controller, kept reproducible:
-/// `RuntimeConfig::default()` with the expert switch `admission.derive_bounds` off.
+/// `RuntimeConfig::default()` with the expert switch `expert.admission.derive_bounds` off.
 pub fn previous_defaults() -> RuntimeConfig {
     let mut c = RuntimeConfig::default();
     c.expert.admission.derive_bounds = false;

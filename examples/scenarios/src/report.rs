@@ -69,7 +69,7 @@ pub fn render(rows: &[Row<'_>], search: Option<&Search>, command: &str, wall: Du
          up to 3 times; in key mode a worker waits for the key's previous message). Triage \
          runs with a defer topic drained back when load falls, as in README's first command. \
          *Defaults* are the defaults before the zero-configuration controller (the queue \
-         bounded by `queue.capacity` alone, the look-ahead past busy keys 8 x the prefetch: `admission.derive_bounds = false`); \
+         bounded by `queue.capacity` alone, the look-ahead past busy keys 8 x the prefetch: `expert.admission.derive_bounds = false`); \
          *zero-config* is `RuntimeConfig::default()`, whose queue bounds for pulled work (per \
          tier) and look-ahead past busy ordering keys are derived from the measured capacity \
          and the deadline slack the messages arrive with (`triage::admission::derived_bounds`, \
