@@ -14,7 +14,7 @@
 //! downstream's goodput for both.
 //!
 //! With `--config FILE` the run starts from that runtime configuration (TOML, the fields of
-//! `RuntimeConfig`; its `workers` and `queue.capacity` replace `--workers` and `--capacity`),
+//! `RuntimeConfig`; its `workers` replaces `--workers`),
 //! and, built with `--features reload`, re-reads it live on `kill -HUP <pid>`: set
 //! `forced_shed_level = 2` and watch `refusing` rise on the live line without a restart.
 //!
@@ -79,13 +79,15 @@ Options:
       --workers <N>        Worker tasks (the fixed concurrency limit), 1..=1024 [default: 8]
       --service-ms <MS>    Handler service time, milliseconds, 0.1..=10000, or 0: a true
                            no-op handler (no timer) [default: 2]
-      --capacity <N>       Queue capacity, messages, 1..=1000000 [default: 256]
+      --capacity <N>       The plain FIFO's channel capacity, messages, 1..=1000000; triage
+                           runs on its defaults, its queue bounded from what it measures
+                           [default: 256]
       --metrics <ADDR>     Serve Prometheus `/metrics` and `/healthz` on this address (e.g.
                            127.0.0.1:9898); needs `--features prometheus`
       --quiet              No live line, only the tables
       --config <FILE>      Runtime configuration (TOML, `RuntimeConfig`) for the triage run; its
-                           `workers` and `queue.capacity` replace `--workers` and `--capacity`
-                           (a file that sets neither runs with their defaults, 8 and 1,024).
+                           `workers` replaces `--workers` (a file that does not set it runs
+                           with the default, 8).
                            With `--features reload`, `kill -HUP <pid>` re-reads it into the
                            running runtime
       --ordering <MODE>    Ordering of the generated messages: `unordered`, `key` (each message
@@ -294,19 +296,15 @@ async fn main() -> ExitCode {
         .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
         .with_target(false)
         .init();
-    // The runtime's own ranges (workers, queue capacity), checked before the capacity probe
-    // starts that many workers, so a bad value is an error naming the field, not a panic.
-    if let (Some(workers), Some(capacity)) = (
-        std::num::NonZeroUsize::new(args.workers),
-        std::num::NonZeroUsize::new(args.capacity),
-    ) {
-        let mut probe = triage::runtime::RuntimeConfig {
+    // The runtime's own range for workers, checked before the capacity probe starts that
+    // many workers, so a bad value is an error naming the field, not a panic.
+    if let Some(workers) = std::num::NonZeroUsize::new(args.workers) {
+        let probe = triage::runtime::RuntimeConfig {
             workers,
             ..triage::runtime::RuntimeConfig::default()
         };
-        probe.expert.queue.capacity = capacity;
         if let Err(e) = probe.validate() {
-            eprintln!("error: --workers/--capacity: {e}");
+            eprintln!("error: --workers: {e}");
             return ExitCode::from(2);
         }
     }
@@ -374,21 +372,20 @@ async fn main() -> ExitCode {
     let params = match base {
         Some(base) => sim::Params {
             workers: base.workers.get(),
-            capacity: base.expert.queue.capacity.get(),
             base: Some(base),
             ..params
         },
         None => params,
     };
-    if params.workers > MAX_WORKERS || params.capacity > MAX_CAPACITY {
+    if params.workers > MAX_WORKERS {
         eprintln!(
-            "error: --config: workers {} and queue.capacity {}: this run allows workers 1..={MAX_WORKERS} and queue.capacity 1..={MAX_CAPACITY}",
-            params.workers, params.capacity
+            "error: --config: workers {}: this run allows workers 1..={MAX_WORKERS}",
+            params.workers
         );
         return ExitCode::from(2);
     }
     println!(
-        "triage overload run: {} workers, {} service time, queue capacity {} messages",
+        "triage overload run: {} workers, {} service time, the FIFO's channel {} messages",
         params.workers,
         if args.service_ms == 0.0 {
             "no-op (0 ms)".to_owned()

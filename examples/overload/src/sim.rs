@@ -36,14 +36,14 @@ pub struct Params {
     pub workers: usize,
     /// Handler service time (zero: the handler returns at once, no timer).
     pub service: Duration,
-    /// Queue capacity, items.
+    /// The plain FIFO baseline's channel capacity, items (triage runs on its defaults).
     pub capacity: usize,
     /// Usefulness window per tier: the deadline is publish time plus this.
     pub windows: PerTier<Duration>,
     /// Print a live line (see [`Live`]) this often during the phases; `None`: quiet.
     pub live: Option<Duration>,
     /// The runtime configuration to start from (a `--config` file), in place of the default
-    /// with `workers` and `capacity`.
+    /// with `workers`.
     pub base: Option<RuntimeConfig>,
     /// Re-read this configuration file on SIGHUP during the run (`--config`, with the
     /// `reload` feature).
@@ -269,16 +269,12 @@ fn config(p: &Params) -> RuntimeConfig {
     if let Some(base) = &p.base {
         return base.clone();
     }
-    let mut c = RuntimeConfig {
+    // The zero-configuration default: the worker count is the one thing said; the queue's
+    // bounds are derived from the measured capacity and the deadlines the messages carry.
+    RuntimeConfig {
         workers: p.workers.try_into().expect("workers > 0"),
-        expert: triage::runtime::ExpertConfig {
-            poll_interval_ms: 1,
-            ..triage::runtime::ExpertConfig::default()
-        },
         ..RuntimeConfig::default()
-    };
-    c.expert.queue.capacity = p.capacity.try_into().expect("capacity > 0");
-    c
+    }
 }
 
 /// With `--config` and the `reload` feature: `kill -HUP <pid>` re-reads the file into the

@@ -44,8 +44,8 @@ pub struct WorkerSpec {
     pub service_ms: u64,
     /// Worker tasks.
     pub workers: usize,
-    /// Runtime queue capacity.
-    pub capacity: usize,
+    /// Runtime queue capacity; `None`: the runtime's default.
+    pub capacity: Option<usize>,
     /// Directory for logs and stats.
     pub dir: PathBuf,
     /// One topic (queue) for every tier, or one per tier.
@@ -101,8 +101,6 @@ impl WorkerProc {
             spec.service_ms.to_string(),
             "--workers".to_owned(),
             spec.workers.to_string(),
-            "--capacity".to_owned(),
-            spec.capacity.to_string(),
             "--log".to_owned(),
             path_str(&log),
             "--stats".to_owned(),
@@ -112,6 +110,10 @@ impl WorkerProc {
             "--metrics".to_owned(),
             metrics.to_string(),
         ];
+        if let Some(capacity) = spec.capacity {
+            args.push("--capacity".to_owned());
+            args.push(capacity.to_string());
+        }
         if spec.fifo {
             args.push("--fifo".to_owned());
         }

@@ -28,8 +28,8 @@ pub struct RunConfig {
     pub service_ms: u64,
     /// Worker tasks per process.
     pub workers: usize,
-    /// Runtime queue capacity.
-    pub queue_capacity: usize,
+    /// Runtime queue capacity; `None`: the runtime's default.
+    pub queue_capacity: Option<usize>,
     /// Tier mix, percent, Critical first.
     pub mix: [u32; 4],
     /// Usefulness window per tier, ms (Critical first).

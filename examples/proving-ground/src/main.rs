@@ -88,9 +88,10 @@ struct RunArgs {
     /// the concurrency limit round down to the same slot count for several tiers.
     #[arg(long, default_value_t = 8)]
     workers: usize,
-    /// Runtime queue capacity, messages.
-    #[arg(long, default_value_t = 256)]
-    capacity: usize,
+    /// Runtime queue capacity, messages (`expert.queue.capacity`). Default: the runtime's own
+    /// (the zero-configuration default, its queue bounded from what it measures).
+    #[arg(long)]
+    capacity: Option<usize>,
     /// kill -9 of the worker during the fault phase (0 with no other fault: no fault phase).
     #[arg(long, default_value_t = 5)]
     kills: usize,

@@ -72,7 +72,9 @@ fn markdown(config: &RunConfig, results: &[BrokerResult], command: &str) -> Stri
          Layout: **{}**. {} Load phases {:?} each; fault phase {:?} at {}x.\n",
         config.workers,
         config.service_ms,
-        config.queue_capacity,
+        config
+            .queue_capacity
+            .map_or_else(|| "derived".to_owned(), |c| c.to_string()),
         config.mix[0],
         config.mix[1],
         config.mix[2],

@@ -78,9 +78,10 @@ pub struct ScaleArgs {
     /// Worker tasks per process (fixed concurrency).
     #[arg(long, default_value_t = 8)]
     pub workers: usize,
-    /// Runtime queue capacity per process, messages.
-    #[arg(long, default_value_t = 256)]
-    pub capacity: usize,
+    /// Runtime queue capacity per process, messages (`expert.queue.capacity`). Default: the
+    /// runtime's own (the zero-configuration default).
+    #[arg(long)]
+    pub capacity: Option<usize>,
     /// Deadline windows per tier in ms, Critical,High,Medium,Sheddable.
     #[arg(long, value_delimiter = ',', default_value = "3000,1500,800,400")]
     pub windows_ms: Vec<u64>,
@@ -976,7 +977,8 @@ fn markdown(args: &ScaleArgs, results: &[ScaleResult], command: &str) -> String 
         args.processes,
         args.workers,
         args.service_ms,
-        args.capacity,
+        args.capacity
+            .map_or_else(|| "derived".to_owned(), |c| c.to_string()),
         args.processes.saturating_sub(1),
         args.partitions,
         args.windows_ms,

@@ -26,7 +26,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use triage::ledger::Disposition;
-use triage::queue::WfqConfig;
 use triage::runtime::{HandlerError, Job, Runtime, RuntimeConfig};
 use triage::Criticality;
 
@@ -137,14 +136,14 @@ pub struct WorkerArgs {
     /// Worker tasks (fixed concurrency).
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
-    /// Runtime queue capacity, messages.
-    #[arg(long, default_value_t = 256)]
-    pub capacity: usize,
+    /// Runtime queue capacity, messages (`expert.queue.capacity`). Default: the runtime's own,
+    /// the zero-configuration default (its queue bounded from what it measures).
+    #[arg(long)]
+    pub capacity: Option<usize>,
     /// Messages the intake holds under backpressure before pausing the source (the
-    /// runtime's `max_held`). Large, so that a refused High message does not pause the
-    /// partition in front of the Critical ones behind it.
-    #[arg(long, default_value_t = 4096)]
-    pub max_held: usize,
+    /// runtime's `expert.max_held`). Default: the runtime's own.
+    #[arg(long)]
+    pub max_held: Option<usize>,
     /// Disposition log (appended).
     #[arg(long)]
     pub log: PathBuf,
@@ -482,16 +481,21 @@ pub async fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let log = Arc::new(DispositionLog::open(&args.log)?);
     let workers = NonZeroUsize::new(args.workers).ok_or("--workers must be at least 1")?;
-    let capacity = NonZeroUsize::new(args.capacity).ok_or("--capacity must be at least 1")?;
+    // The zero-configuration default unless a flag says otherwise: the worker count is the
+    // one thing the harness states.
     let mut config = RuntimeConfig {
         workers,
-        expert: triage::runtime::ExpertConfig {
-            queue: WfqConfig::with_capacity(capacity.get()),
-            max_held: NonZeroUsize::new(args.max_held).ok_or("--max-held must be at least 1")?,
-            ..triage::runtime::ExpertConfig::default()
-        },
         ..RuntimeConfig::default()
     };
+    if let Some(capacity) = args.capacity {
+        config.expert.queue.capacity =
+            NonZeroUsize::new(capacity).ok_or("--capacity must be at least 1")?;
+    }
+    if let Some(max_held) = args.max_held {
+        config.expert.max_held =
+            NonZeroUsize::new(max_held).ok_or("--max-held must be at least 1")?;
+    }
+    let capacity = config.expert.queue.capacity;
     if let Ok(ms) = std::env::var(SHARE_RESERVE_ENV) {
         config.expert.share_reserve_ms = ms
             .parse()

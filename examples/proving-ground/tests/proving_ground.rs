@@ -61,7 +61,7 @@ fn short_form(broker: worker::BrokerKind) -> harness::RunConfig {
         capacity_phase: Duration::from_secs(1),
         service_ms: 2,
         workers: 8,
-        queue_capacity: 256,
+        queue_capacity: None,
         mix: [10, 20, 30, 40],
         windows_ms: [3000, 1500, 800, 400],
         poison_permille: 1,
