@@ -36,8 +36,12 @@ use triage::runtime::{Ack, Envelope, Job, RefusalPolicy, Runtime, RuntimeConfig}
 use triage::{Criticality, PerTier};
 
 fn wfq(capacity: usize) -> WfqQueue<u64> {
-    WfqQueue::new(WfqConfig::with_capacity(capacity).admission(QueueAgeConfig::disabled()))
-        .expect("valid config")
+    WfqQueue::new(WfqConfig {
+        capacity: capacity.try_into().unwrap(),
+        admission: QueueAgeConfig::disabled(),
+        ..WfqConfig::default()
+    })
+    .expect("valid config")
 }
 
 fn push_pop(c: &mut Criterion) {
@@ -53,7 +57,11 @@ fn push_pop(c: &mut Criterion) {
             black_box(q.try_pop().ok());
         })
     });
-    let q = WfqQueue::new(WfqConfig::with_capacity(1024)).expect("valid config");
+    let q = WfqQueue::new(WfqConfig {
+        capacity: 1024.try_into().unwrap(),
+        ..WfqConfig::default()
+    })
+    .expect("valid config");
     g.bench_function("triage_wfq_with_admission", |b| {
         let mut i = 0u64;
         b.iter(|| {
@@ -65,7 +73,11 @@ fn push_pop(c: &mut Criterion) {
     });
     // Pops in batches of 32 (`pop_batch`), as the runtime's workers take them: the lock, the
     // wake-up check and the clock read of a pop are paid once per batch. Time per item.
-    let q = WfqQueue::new(WfqConfig::with_capacity(1024)).expect("valid config");
+    let q = WfqQueue::new(WfqConfig {
+        capacity: 1024.try_into().unwrap(),
+        ..WfqConfig::default()
+    })
+    .expect("valid config");
     g.bench_function("triage_wfq_with_admission_pop_batch32", |b| {
         let mut i = 0u64;
         let mut out = Vec::new();
@@ -614,7 +626,14 @@ fn refuse_and_evict(c: &mut Criterion) {
         })
     });
     let (clock, mock) = Clock::mock();
-    let q = WfqQueue::with_clock(WfqConfig::with_capacity(64), clock).expect("valid config");
+    let q = WfqQueue::with_clock(
+        WfqConfig {
+            capacity: 64.try_into().unwrap(),
+            ..WfqConfig::default()
+        },
+        clock,
+    )
+    .expect("valid config");
     let _ = q.push(0, Meta::new(Criticality::Critical));
     mock.increment(Duration::from_secs(1));
     let _ = q.push(1, Meta::new(Criticality::Critical));
@@ -722,15 +741,19 @@ fn runtime_refuse_rate(c: &mut Criterion) {
             ..RuntimeConfig::default()
         };
         config.expert.queue.admission = QueueAgeConfig::disabled();
-        config.buckets = BucketsConfig::default()
-            .with(
-                Criticality::High,
-                Some(BucketConfig::per_second(1.0).burst(1)),
-            )
-            .with(
-                Criticality::Sheddable,
-                Some(BucketConfig::per_second(1.0).burst(1)),
-            );
+        config.buckets = BucketsConfig {
+            high: Some(BucketConfig {
+                rate: Some(1.0),
+                burst: Some(1),
+                ..BucketConfig::default()
+            }),
+            sheddable: Some(BucketConfig {
+                rate: Some(1.0),
+                burst: Some(1),
+                ..BucketConfig::default()
+            }),
+            ..BucketsConfig::default()
+        };
         config.policy = PerTier::new(
             RefusalPolicy::Backpressure,
             RefusalPolicy::Backpressure,

@@ -60,8 +60,14 @@ async fn a_rate_limited_tier_admits_its_rate_over_ten_virtual_seconds() {
     const RATE: f64 = 50.0;
     let (clock, mock) = Clock::mock();
     let mut config = config();
-    config.buckets =
-        BucketsConfig::default().with(Medium, Some(BucketConfig::per_second(RATE).burst(1)));
+    config.buckets = BucketsConfig {
+        medium: Some(BucketConfig {
+            rate: Some(RATE),
+            burst: Some(1),
+            ..BucketConfig::default()
+        }),
+        ..BucketsConfig::default()
+    };
     config.policy[Medium] = RefusalPolicy::Drop;
     let rt = Runtime::builder(config)
         .clock(clock)
@@ -107,10 +113,24 @@ async fn a_rate_limited_tier_admits_its_rate_over_ten_virtual_seconds() {
 async fn critical_borrows_from_high_and_high_does_not_borrow() {
     let (clock, mock) = Clock::mock();
     let mut config = config();
-    config.buckets = BucketsConfig::default()
-        .with(Critical, Some(BucketConfig::per_second(1.0).burst(2)))
-        .with(High, Some(BucketConfig::per_second(1.0).burst(3)))
-        .with(Medium, Some(BucketConfig::per_second(1.0).burst(10)));
+    config.buckets = BucketsConfig {
+        critical: Some(BucketConfig {
+            rate: Some(1.0),
+            burst: Some(2),
+            ..BucketConfig::default()
+        }),
+        high: Some(BucketConfig {
+            rate: Some(1.0),
+            burst: Some(3),
+            ..BucketConfig::default()
+        }),
+        medium: Some(BucketConfig {
+            rate: Some(1.0),
+            burst: Some(10),
+            ..BucketConfig::default()
+        }),
+        ..BucketsConfig::default()
+    };
     config.policy = PerTier::splat(RefusalPolicy::Backpressure);
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let g = Arc::clone(&gate);
@@ -219,9 +239,19 @@ async fn memory_accounting_is_exact() {
 async fn the_gauges_match_the_buckets_and_the_bytes_held() {
     let (clock, _mock) = Clock::mock();
     let mut config = config();
-    config.buckets = BucketsConfig::default()
-        .with(High, Some(BucketConfig::per_second(10.0).burst(4)))
-        .with(Sheddable, Some(BucketConfig::per_second(10.0).burst(8)));
+    config.buckets = BucketsConfig {
+        high: Some(BucketConfig {
+            rate: Some(10.0),
+            burst: Some(4),
+            ..BucketConfig::default()
+        }),
+        sheddable: Some(BucketConfig {
+            rate: Some(10.0),
+            burst: Some(8),
+            ..BucketConfig::default()
+        }),
+        ..BucketsConfig::default()
+    };
     config.memory.budget_bytes = Some(1 << 20);
     let (rt, handle) = started_with_scrape(config, clock);
     for i in 0..2 {
@@ -255,8 +285,14 @@ async fn the_refusal_counters_reach_the_scrape_once() {
     let mut config = config();
     // High holds 4 tokens that never refill (the virtual clock stands still): the other 6 of
     // 10 are refused for rate and handed back (Backpressure).
-    config.buckets =
-        BucketsConfig::default().with(High, Some(BucketConfig::per_second(10.0).burst(4)));
+    config.buckets = BucketsConfig {
+        high: Some(BucketConfig {
+            rate: Some(10.0),
+            burst: Some(4),
+            ..BucketConfig::default()
+        }),
+        ..BucketsConfig::default()
+    };
     let (rt, handle) = started_with_scrape(config, clock);
     let refused = (0..10)
         .filter(|&i| {
@@ -298,8 +334,14 @@ async fn the_refusal_counters_reach_the_scrape_once() {
 async fn buckets_and_memory_budget_are_reconfigured_live() {
     let (clock, mock) = Clock::mock();
     let mut config = config();
-    config.buckets =
-        BucketsConfig::default().with(Sheddable, Some(BucketConfig::per_second(1.0).burst(1)));
+    config.buckets = BucketsConfig {
+        sheddable: Some(BucketConfig {
+            rate: Some(1.0),
+            burst: Some(1),
+            ..BucketConfig::default()
+        }),
+        ..BucketsConfig::default()
+    };
     config.policy[Sheddable] = RefusalPolicy::Drop;
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let g = Arc::clone(&gate);
@@ -317,8 +359,14 @@ async fn buckets_and_memory_budget_are_reconfigured_live() {
     rt.try_submit(env(1, Sheddable)).unwrap();
     assert_eq!(rt.decisions()[Sheddable].shed_rate, 1);
     // 100/s, burst 10: after 50 ms, 5 tokens.
-    config.buckets =
-        BucketsConfig::default().with(Sheddable, Some(BucketConfig::per_second(100.0).burst(10)));
+    config.buckets = BucketsConfig {
+        sheddable: Some(BucketConfig {
+            rate: Some(100.0),
+            burst: Some(10),
+            ..BucketConfig::default()
+        }),
+        ..BucketsConfig::default()
+    };
     config.memory.budget_bytes = Some(1000);
     rt.reconfigure(config.clone()).unwrap();
     mock.increment(Duration::from_millis(50));
@@ -353,8 +401,14 @@ async fn pulled_critical_over_its_rate_is_paced_in_order_and_never_lost() {
     const N: u64 = 200;
     let (clock, mock) = Clock::mock();
     let mut config = config();
-    config.buckets =
-        BucketsConfig::default().with(Critical, Some(BucketConfig::per_second(100.0).burst(10)));
+    config.buckets = BucketsConfig {
+        critical: Some(BucketConfig {
+            rate: Some(100.0),
+            burst: Some(10),
+            ..BucketConfig::default()
+        }),
+        ..BucketsConfig::default()
+    };
     let broker = MemoryBroker::new();
     for i in 0..N {
         broker.publish(i, Critical, None);

@@ -44,8 +44,12 @@ fn allocations_in(f: impl FnOnce()) -> u64 {
 #[test]
 fn queue_refuse_paths_allocate_nothing() {
     // Full with nothing lower to evict.
-    let q =
-        WfqQueue::new(WfqConfig::with_capacity(4).admission(QueueAgeConfig::disabled())).unwrap();
+    let q = WfqQueue::new(WfqConfig {
+        capacity: 4.try_into().unwrap(),
+        admission: QueueAgeConfig::disabled(),
+        ..WfqConfig::default()
+    })
+    .unwrap();
     for i in 0..4u64 {
         assert!(q
             .push(i, Meta::new(Criticality::Sheddable))
@@ -62,7 +66,14 @@ fn queue_refuse_paths_allocate_nothing() {
 
     // Refused by queue-age admission: one atomic load.
     let (clock, mock) = Clock::mock();
-    let q = WfqQueue::with_clock(WfqConfig::with_capacity(64), clock).unwrap();
+    let q = WfqQueue::with_clock(
+        WfqConfig {
+            capacity: 64.try_into().unwrap(),
+            ..WfqConfig::default()
+        },
+        clock,
+    )
+    .unwrap();
     assert!(q
         .push(0u64, Meta::new(Criticality::Critical))
         .unwrap()
@@ -87,8 +98,12 @@ fn queue_refuse_paths_allocate_nothing() {
 
 #[test]
 fn queue_evict_path_allocates_nothing_once_warm() {
-    let q =
-        WfqQueue::new(WfqConfig::with_capacity(2).admission(QueueAgeConfig::disabled())).unwrap();
+    let q = WfqQueue::new(WfqConfig {
+        capacity: 2.try_into().unwrap(),
+        admission: QueueAgeConfig::disabled(),
+        ..WfqConfig::default()
+    })
+    .unwrap();
     let cycle = |i: u64| {
         // [S, S] -> push C evicts the newest S -> pop C -> push S -> [S, S]
         let mut ev = q.push(i, Meta::new(Criticality::Critical)).unwrap();
@@ -294,15 +309,19 @@ async fn runtime_rate_refusal_allocates_nothing() {
         ..RuntimeConfig::default()
     };
     config.expert.queue.admission = QueueAgeConfig::disabled();
-    config.buckets = BucketsConfig::default()
-        .with(
-            Criticality::High,
-            Some(BucketConfig::per_second(1.0).burst(1)),
-        )
-        .with(
-            Criticality::Sheddable,
-            Some(BucketConfig::per_second(1.0).burst(1)),
-        );
+    config.buckets = BucketsConfig {
+        high: Some(BucketConfig {
+            rate: Some(1.0),
+            burst: Some(1),
+            ..BucketConfig::default()
+        }),
+        sheddable: Some(BucketConfig {
+            rate: Some(1.0),
+            burst: Some(1),
+            ..BucketConfig::default()
+        }),
+        ..BucketsConfig::default()
+    };
     config.policy = PerTier::new(
         RefusalPolicy::Backpressure,
         RefusalPolicy::Backpressure,

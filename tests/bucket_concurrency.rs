@@ -70,12 +70,32 @@ fn a_set_racing_takes_gives_no_token_back() {
 /// moved it, wrapped below zero (184,467,440,737,095,514 tokens of a burst of 1).
 #[test]
 fn token_counts_stay_within_the_burst_under_takes_and_reconfigurations() {
-    let small = BucketsConfig::default()
-        .with(Critical, Some(BucketConfig::per_second(1000.0).burst(1)))
-        .with(High, Some(BucketConfig::per_second(1000.0).burst(1)));
-    let large = BucketsConfig::default()
-        .with(Critical, Some(BucketConfig::per_second(1000.0).burst(4)))
-        .with(High, Some(BucketConfig::per_second(1000.0).burst(4)));
+    let small = BucketsConfig {
+        critical: Some(BucketConfig {
+            rate: Some(1000.0),
+            burst: Some(1),
+            ..BucketConfig::default()
+        }),
+        high: Some(BucketConfig {
+            rate: Some(1000.0),
+            burst: Some(1),
+            ..BucketConfig::default()
+        }),
+        ..BucketsConfig::default()
+    };
+    let large = BucketsConfig {
+        critical: Some(BucketConfig {
+            rate: Some(1000.0),
+            burst: Some(4),
+            ..BucketConfig::default()
+        }),
+        high: Some(BucketConfig {
+            rate: Some(1000.0),
+            burst: Some(4),
+            ..BucketConfig::default()
+        }),
+        ..BucketsConfig::default()
+    };
     small.validate().unwrap();
     large.validate().unwrap();
     // A real clock: each thread's reading is its own, as in the runtime.

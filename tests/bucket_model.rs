@@ -154,7 +154,11 @@ fn tier() -> impl Strategy<Value = Criticality> {
 fn config() -> impl Strategy<Value = BucketsConfig> {
     let bucket = proptest::option::weighted(0.7, (rate(), 1..5u64)).prop_map(|b| {
         b.and_then(|(rate, burst)| {
-            (rate > 0.0).then(|| BucketConfig::per_second(rate).burst(burst))
+            (rate > 0.0).then(|| BucketConfig {
+                rate: Some(rate),
+                burst: Some(burst),
+                ..BucketConfig::default()
+            })
         })
     });
     let lenders = |tier: Criticality| {
@@ -172,17 +176,20 @@ fn config() -> impl Strategy<Value = BucketsConfig> {
         lenders(Criticality::Medium),
     )
         .prop_map(|(buckets, critical, high, medium)| {
-            let mut c = BucketsConfig::default();
-            for (tier, b) in Criticality::ALL.into_iter().zip(buckets) {
-                c = c.with(tier, b);
+            let [c0, c1, c2, c3] = buckets;
+            BucketsConfig {
+                critical: c0,
+                high: c1,
+                medium: c2,
+                sheddable: c3,
+                borrow: BorrowChain {
+                    critical,
+                    high,
+                    medium,
+                    sheddable: Vec::new(),
+                },
+                ..BucketsConfig::default()
             }
-            c.borrow = BorrowChain {
-                critical,
-                high,
-                medium,
-                sheddable: Vec::new(),
-            };
-            c
         })
 }
 

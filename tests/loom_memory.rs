@@ -28,7 +28,10 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
 #[test]
 fn a_carry_and_a_borrow_racing_end_exact() {
     model(|| {
-        let b = Arc::new(MemoryBudget::new(&MemoryConfig::with_budget(100)));
+        let b = Arc::new(MemoryBudget::new(&MemoryConfig {
+            budget_bytes: Some(100),
+            ..MemoryConfig::default()
+        }));
         b.add(u64::MAX);
         let other = {
             let b = Arc::clone(&b);
@@ -54,7 +57,10 @@ fn a_carry_and_a_borrow_racing_end_exact() {
 #[test]
 fn concurrent_messages_leave_no_bytes_behind() {
     model(|| {
-        let b = Arc::new(MemoryBudget::new(&MemoryConfig::with_budget(100)));
+        let b = Arc::new(MemoryBudget::new(&MemoryConfig {
+            budget_bytes: Some(100),
+            ..MemoryConfig::default()
+        }));
         let other = {
             let b = Arc::clone(&b);
             thread::spawn(move || {

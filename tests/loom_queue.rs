@@ -22,7 +22,11 @@ use triage::queue::{Closed, Meta, WfqConfig, WfqQueue};
 use triage::Criticality;
 
 fn queue(capacity: usize) -> WfqQueue<u32> {
-    let config = WfqConfig::with_capacity(capacity).admission(QueueAgeConfig::disabled());
+    let config = WfqConfig {
+        capacity: capacity.try_into().unwrap(),
+        admission: QueueAgeConfig::disabled(),
+        ..WfqConfig::default()
+    };
     WfqQueue::with_clock(config, Clock::mock().0).unwrap()
 }
 

@@ -12,7 +12,10 @@ use triage::Criticality;
 
 #[test]
 fn counts_return_to_zero_under_concurrent_messages_of_any_size() {
-    let budget = Arc::new(MemoryBudget::new(&MemoryConfig::with_budget(1 << 20)));
+    let budget = Arc::new(MemoryBudget::new(&MemoryConfig {
+        budget_bytes: Some(1 << 20),
+        ..MemoryConfig::default()
+    }));
     let threads = 4;
     let start = Arc::new(Barrier::new(threads + 2));
     let workers: Vec<_> = (0..threads)

@@ -26,7 +26,10 @@ fn config(workers: usize, capacity: usize) -> RuntimeConfig {
                 base_backoff_ms: 1,
                 max_backoff_ms: 3,
             },
-            queue: WfqConfig::with_capacity(capacity),
+            queue: WfqConfig {
+                capacity: capacity.try_into().unwrap(),
+                ..WfqConfig::default()
+            },
             poll_interval_ms: 1,
             ..triage::runtime::ExpertConfig::default()
         },

@@ -162,7 +162,10 @@ fn config() -> RuntimeConfig {
     RuntimeConfig {
         workers: 2.try_into().unwrap(),
         expert: triage::runtime::ExpertConfig {
-            queue: WfqConfig::with_capacity(64),
+            queue: WfqConfig {
+                capacity: 64.try_into().unwrap(),
+                ..WfqConfig::default()
+            },
             share_reserve_ms: 1_000,
             ..triage::runtime::ExpertConfig::default()
         },

@@ -23,7 +23,12 @@ impl Drop for Tracked {
 }
 
 fn queue(capacity: usize) -> WfqQueue<Tracked> {
-    WfqQueue::new(WfqConfig::with_capacity(capacity).admission(QueueAgeConfig::disabled())).unwrap()
+    WfqQueue::new(WfqConfig {
+        capacity: capacity.try_into().unwrap(),
+        admission: QueueAgeConfig::disabled(),
+        ..WfqConfig::default()
+    })
+    .unwrap()
 }
 
 /// The async pop from a plain thread, outside any runtime: the way a thread waits for an item.
@@ -124,7 +129,13 @@ fn four_producers_two_consumers_account_for_every_item_once() {
 /// whether or not it is asleep yet, and by `close`.
 #[test]
 fn a_waiting_thread_is_woken_by_a_push_and_by_close() {
-    let q = Arc::new(WfqQueue::<u32>::new(WfqConfig::with_capacity(4)).unwrap());
+    let q = Arc::new(
+        WfqQueue::<u32>::new(WfqConfig {
+            capacity: 4.try_into().unwrap(),
+            ..WfqConfig::default()
+        })
+        .unwrap(),
+    );
     let q2 = Arc::clone(&q);
     let waiter = thread::spawn(move || pop_on_thread(&q2));
     assert!(q.push(7, Meta::new(Criticality::High)).unwrap().is_empty());
@@ -151,7 +162,13 @@ fn a_waiting_thread_is_woken_by_a_push_and_by_close() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_wakes_every_async_waiter_and_hands_items_back() {
-    let q = Arc::new(WfqQueue::<u32>::new(WfqConfig::with_capacity(8)).unwrap());
+    let q = Arc::new(
+        WfqQueue::<u32>::new(WfqConfig {
+            capacity: 8.try_into().unwrap(),
+            ..WfqConfig::default()
+        })
+        .unwrap(),
+    );
     let waiters: Vec<_> = (0..4)
         .map(|_| {
             let q = Arc::clone(&q);
@@ -182,9 +199,11 @@ async fn close_wakes_every_async_waiter_and_hands_items_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_pops_lose_nothing() {
     let q = Arc::new(
-        WfqQueue::<u32>::new(
-            WfqConfig::with_capacity(100_000).admission(QueueAgeConfig::disabled()),
-        )
+        WfqQueue::<u32>::new(WfqConfig {
+            capacity: 100_000.try_into().unwrap(),
+            admission: QueueAgeConfig::disabled(),
+            ..WfqConfig::default()
+        })
         .unwrap(),
     );
     let producer = {

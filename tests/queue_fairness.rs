@@ -4,13 +4,17 @@ use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use triage::admission::QueueAgeConfig;
 use triage::quanta::Clock;
-use triage::queue::{Meta, TierMask, WfqConfig, WfqQueue};
-use triage::Criticality;
+use triage::queue::{Meta, TierMask, Weight, WfqConfig, WfqQueue};
+use triage::{Criticality, PerTier};
 
 fn queue(capacity: usize, w: [u32; 4]) -> WfqQueue<u32> {
-    let config = WfqConfig::with_capacity(capacity)
-        .weights(w[0], w[1], w[2], w[3])
-        .admission(QueueAgeConfig::disabled());
+    let config = WfqConfig {
+        capacity: capacity.try_into().unwrap(),
+        weights: PerTier::new(w[0], w[1], w[2], w[3])
+            .map(|_, w| Weight::new(i64::from(w)).unwrap()),
+        admission: QueueAgeConfig::disabled(),
+        ..WfqConfig::default()
+    };
     WfqQueue::with_clock(config, Clock::mock().0).unwrap()
 }
 

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use triage::admission::QueueAgeConfig;
 use triage::quanta::{Clock, Instant};
-use triage::queue::{Meta, PushError, WfqConfig, WfqQueue};
+use triage::queue::{Meta, PushError, Weight, WfqConfig, WfqQueue};
 use triage::{Criticality, PerTier};
 
 #[derive(Clone, Debug)]
@@ -169,9 +169,13 @@ fn config(
     weights: [u32; 4],
     admission: bool,
 ) -> WfqConfig {
-    let mut c = WfqConfig::with_capacity(capacity)
-        .weights(weights[0], weights[1], weights[2], weights[3])
-        .max_bytes(max_bytes.and_then(NonZeroUsize::new));
+    let mut c = WfqConfig {
+        capacity: capacity.try_into().unwrap(),
+        weights: PerTier::new(weights[0], weights[1], weights[2], weights[3])
+            .map(|_, w| Weight::new(i64::from(w)).unwrap()),
+        max_bytes: max_bytes.and_then(NonZeroUsize::new),
+        ..WfqConfig::default()
+    };
     c.admission = if admission {
         QueueAgeConfig::default()
     } else {

@@ -28,7 +28,10 @@ fn one_worker() -> RuntimeConfig {
         workers: 1.try_into().unwrap(),
         policy: PerTier::splat(RefusalPolicy::Backpressure),
         expert: triage::runtime::ExpertConfig {
-            queue: WfqConfig::with_capacity(20_000),
+            queue: WfqConfig {
+                capacity: 20_000.try_into().unwrap(),
+                ..WfqConfig::default()
+            },
             poll_interval_ms: 1,
             ..triage::runtime::ExpertConfig::default()
         },
@@ -250,7 +253,10 @@ async fn shrinking_the_queue_evicts_newest_of_lowest_tier_each_once() {
     let seen = Arc::clone(&dispositions);
     let sink = Arc::new(MemorySink::new());
     let mut config = one_worker();
-    config.expert.queue = WfqConfig::with_capacity(200);
+    config.expert.queue = WfqConfig {
+        capacity: 200.try_into().unwrap(),
+        ..WfqConfig::default()
+    };
     config.policy = PerTier::new(
         RefusalPolicy::Backpressure,
         RefusalPolicy::Drop,

@@ -129,7 +129,10 @@ async fn held_high_before_critical(
 ) {
     let mut c = overload_config(RefusalPolicy::Backpressure);
     c.expert.max_held = 8.try_into().unwrap();
-    c.expert.queue = WfqConfig::with_capacity(2);
+    c.expert.queue = WfqConfig {
+        capacity: 2.try_into().unwrap(),
+        ..WfqConfig::default()
+    };
     c.expert.queue.admission = QueueAgeConfig::disabled();
     c.defer_held_to_make_room = make_room;
     let clock = following_tokio();

@@ -258,7 +258,10 @@ fn config(setup: &Setup) -> RuntimeConfig {
     let mut c = RuntimeConfig {
         workers: setup.workers.try_into().unwrap(),
         expert: triage::runtime::ExpertConfig {
-            queue: WfqConfig::with_capacity(setup.capacity),
+            queue: WfqConfig {
+                capacity: setup.capacity.try_into().unwrap(),
+                ..WfqConfig::default()
+            },
             poll_interval_ms: 1,
             defer_cooldown_ms: 20,
             ..triage::runtime::ExpertConfig::default()
@@ -286,9 +289,19 @@ fn config(setup: &Setup) -> RuntimeConfig {
     c.expert.breaker.recovery_ms = RECOVERY_MS;
     c.expert.breaker.half_open_probes = 1;
     if setup.buckets {
-        c.buckets = BucketsConfig::default()
-            .with(Medium, Some(BucketConfig::per_second(100.0).burst(2)))
-            .with(Sheddable, Some(BucketConfig::per_second(50.0).burst(1)));
+        c.buckets = BucketsConfig {
+            medium: Some(BucketConfig {
+                rate: Some(100.0),
+                burst: Some(2),
+                ..BucketConfig::default()
+            }),
+            sheddable: Some(BucketConfig {
+                rate: Some(50.0),
+                burst: Some(1),
+                ..BucketConfig::default()
+            }),
+            ..BucketsConfig::default()
+        };
     }
     if setup.memory {
         c.memory.budget_bytes = Some(MEMORY_BUDGET);

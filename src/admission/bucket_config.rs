@@ -14,7 +14,10 @@ pub const MAX_BURST: u64 = 10_000_000;
 ///
 /// The rate is given either in messages per second (`rate`) or as a fraction of
 /// [`BucketsConfig::capacity`] (`share`), exactly one of the two.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+///
+/// Plain public fields, built with struct-update syntax over [`Default`] (no rate, no share,
+/// the default burst): `BucketConfig { rate: Some(10.0), ..BucketConfig::default() }`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BucketConfig {
     /// Tokens added per second, in messages per second. Allowed `0.001..=10_000_000`. Give
@@ -28,24 +31,6 @@ pub struct BucketConfig {
     /// a quiet spell. Allowed `1..=10_000_000`. Default: one second of the rate, rounded up
     /// (seed 003's buckets refill over one second).
     pub burst: Option<u64>,
-}
-
-impl BucketConfig {
-    /// A bucket of `rate` messages per second with the default burst (one second's worth).
-    pub fn per_second(rate: f64) -> Self {
-        BucketConfig {
-            rate: Some(rate),
-            share: None,
-            burst: None,
-        }
-    }
-
-    /// The same bucket with a burst of `burst` messages.
-    #[must_use]
-    pub fn burst(mut self, burst: u64) -> Self {
-        self.burst = Some(burst);
-        self
-    }
 }
 
 /// Per-tier token buckets (seed 003, "Admission Control: The Token Bucket with Priority
@@ -169,19 +154,6 @@ impl BucketsConfig {
             Criticality::Medium => self.medium.as_ref(),
             Criticality::Sheddable => self.sheddable.as_ref(),
         }
-    }
-
-    /// Sets the bucket of `tier` (`None`: not rate-limited).
-    #[must_use]
-    pub fn with(mut self, tier: Criticality, bucket: Option<BucketConfig>) -> Self {
-        let slot = match tier {
-            Criticality::Critical => &mut self.critical,
-            Criticality::High => &mut self.high,
-            Criticality::Medium => &mut self.medium,
-            Criticality::Sheddable => &mut self.sheddable,
-        };
-        *slot = bucket;
-        self
     }
 
     /// Whether any tier is rate-limited.

@@ -48,9 +48,12 @@ pub enum Grant {
 /// use triage::admission::{BucketConfig, BucketsConfig, TierBuckets};
 /// use triage::Criticality::{Critical, High};
 ///
-/// let config = BucketsConfig::default()
-///     .with(Critical, Some(BucketConfig::per_second(10.0).burst(1)))
-///     .with(High, Some(BucketConfig::per_second(10.0).burst(2)));
+/// let bucket = |burst| BucketConfig { rate: Some(10.0), burst: Some(burst), ..BucketConfig::default() };
+/// let config = BucketsConfig {
+///     critical: Some(bucket(1)),
+///     high: Some(bucket(2)),
+///     ..BucketsConfig::default()
+/// };
 /// let (clock, mock) = triage::quanta::Clock::mock();
 /// let buckets = TierBuckets::new(&config, clock);
 /// assert!(buckets.try_acquire(Critical).is_some()); // its own token
@@ -200,8 +203,14 @@ mod tests {
     #[test]
     fn admits_the_rate_within_one_message_over_ten_virtual_seconds() {
         for (rate, burst) in [(100.0, 1u64), (250.0, 50), (37.0, 10), (999.0, 2)] {
-            let config = BucketsConfig::default()
-                .with(Medium, Some(BucketConfig::per_second(rate).burst(burst)));
+            let config = BucketsConfig {
+                medium: Some(BucketConfig {
+                    rate: Some(rate),
+                    burst: Some(burst),
+                    ..BucketConfig::default()
+                }),
+                ..BucketsConfig::default()
+            };
             config.validate().unwrap();
             let (clock, mock) = Clock::mock();
             let buckets = TierBuckets::new(&config, clock);
@@ -240,10 +249,24 @@ mod tests {
 
     #[test]
     fn critical_borrows_from_high_and_high_does_not_borrow() {
-        let config = BucketsConfig::default()
-            .with(Critical, Some(BucketConfig::per_second(10.0).burst(2)))
-            .with(High, Some(BucketConfig::per_second(10.0).burst(3)))
-            .with(Medium, Some(BucketConfig::per_second(10.0).burst(5)));
+        let config = BucketsConfig {
+            critical: Some(BucketConfig {
+                rate: Some(10.0),
+                burst: Some(2),
+                ..BucketConfig::default()
+            }),
+            high: Some(BucketConfig {
+                rate: Some(10.0),
+                burst: Some(3),
+                ..BucketConfig::default()
+            }),
+            medium: Some(BucketConfig {
+                rate: Some(10.0),
+                burst: Some(5),
+                ..BucketConfig::default()
+            }),
+            ..BucketsConfig::default()
+        };
         let (clock, _mock) = Clock::mock();
         let b = TierBuckets::new(&config, clock);
         assert_eq!(b.try_acquire(Critical), Some(Grant::Own(Critical)));
@@ -271,10 +294,24 @@ mod tests {
 
     #[test]
     fn a_configured_chain_is_followed_in_order_and_can_be_turned_off() {
-        let mut config = BucketsConfig::default()
-            .with(Critical, Some(BucketConfig::per_second(1.0).burst(1)))
-            .with(High, Some(BucketConfig::per_second(1.0).burst(1)))
-            .with(Medium, Some(BucketConfig::per_second(1.0).burst(1)));
+        let mut config = BucketsConfig {
+            critical: Some(BucketConfig {
+                rate: Some(1.0),
+                burst: Some(1),
+                ..BucketConfig::default()
+            }),
+            high: Some(BucketConfig {
+                rate: Some(1.0),
+                burst: Some(1),
+                ..BucketConfig::default()
+            }),
+            medium: Some(BucketConfig {
+                rate: Some(1.0),
+                burst: Some(1),
+                ..BucketConfig::default()
+            }),
+            ..BucketsConfig::default()
+        };
         config.borrow.critical = vec![Medium, High];
         config.validate().unwrap();
         let (clock, _mock) = Clock::mock();
@@ -294,8 +331,14 @@ mod tests {
 
     #[test]
     fn unlimited_tiers_and_refunds() {
-        let config =
-            BucketsConfig::default().with(High, Some(BucketConfig::per_second(1.0).burst(1)));
+        let config = BucketsConfig {
+            high: Some(BucketConfig {
+                rate: Some(1.0),
+                burst: Some(1),
+                ..BucketConfig::default()
+            }),
+            ..BucketsConfig::default()
+        };
         let (clock, _mock) = Clock::mock();
         let b = TierBuckets::new(&config, clock);
         // Critical has no bucket: unlimited, and it never drains its lender.
@@ -313,17 +356,27 @@ mod tests {
     #[test]
     fn apply_changes_rates_live() {
         let (clock, mock) = Clock::mock();
-        let config = BucketsConfig::default()
-            .with(Sheddable, Some(BucketConfig::per_second(10.0).burst(10)));
+        let config = BucketsConfig {
+            sheddable: Some(BucketConfig {
+                rate: Some(10.0),
+                burst: Some(10),
+                ..BucketConfig::default()
+            }),
+            ..BucketsConfig::default()
+        };
         let b = TierBuckets::new(&config, clock);
         for _ in 0..10 {
             b.try_acquire(Sheddable).unwrap();
         }
         assert_eq!(b.try_acquire(Sheddable), None);
-        b.apply(
-            &BucketsConfig::default()
-                .with(Sheddable, Some(BucketConfig::per_second(100.0).burst(10))),
-        );
+        b.apply(&BucketsConfig {
+            sheddable: Some(BucketConfig {
+                rate: Some(100.0),
+                burst: Some(10),
+                ..BucketConfig::default()
+            }),
+            ..BucketsConfig::default()
+        });
         mock.increment(Duration::from_millis(10));
         assert_eq!(b.tokens(Sheddable), 1);
         b.apply(&BucketsConfig::default());
@@ -332,9 +385,22 @@ mod tests {
 
     #[test]
     fn validation_names_the_field() {
-        let c = BucketsConfig::default().with(High, Some(BucketConfig::per_second(0.0)));
+        let c = BucketsConfig {
+            high: Some(BucketConfig {
+                rate: Some(0.0),
+                ..BucketConfig::default()
+            }),
+            ..BucketsConfig::default()
+        };
         assert_eq!(c.validate().unwrap_err().field(), "high.rate");
-        let c = BucketsConfig::default().with(High, Some(BucketConfig::per_second(1.0).burst(0)));
+        let c = BucketsConfig {
+            high: Some(BucketConfig {
+                rate: Some(1.0),
+                burst: Some(0),
+                ..BucketConfig::default()
+            }),
+            ..BucketsConfig::default()
+        };
         assert_eq!(c.validate().unwrap_err().field(), "high.burst");
         let mut c = BucketsConfig::default();
         c.borrow.high = vec![Critical];

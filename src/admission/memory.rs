@@ -60,7 +60,7 @@ use crate::{Criticality, PerTier};
 /// use triage::admission::{MemoryBudget, MemoryConfig};
 /// use triage::Criticality::{Critical, Sheddable};
 ///
-/// let budget = MemoryBudget::new(&MemoryConfig::with_budget(100));
+/// let budget = MemoryBudget::new(&MemoryConfig { budget_bytes: Some(100), ..MemoryConfig::default() });
 /// budget.add(40);
 /// budget.add(20); // a 20-byte Sheddable message: 60 > 50 held
 /// assert!(!budget.admits(Sheddable, 20));
@@ -334,7 +334,10 @@ mod tests {
 
     #[test]
     fn thresholds_refuse_bottom_up() {
-        let b = MemoryBudget::new(&MemoryConfig::with_budget(100 * MB));
+        let b = MemoryBudget::new(&MemoryConfig {
+            budget_bytes: Some(100 * MB),
+            ..MemoryConfig::default()
+        });
         b.add(51 * MB);
         assert!(!b.admits(Sheddable, 1));
         assert!(b.admits(Medium, 1));
@@ -350,7 +353,10 @@ mod tests {
 
     #[test]
     fn waiting_messages_leave_the_working_set() {
-        let b = MemoryBudget::new(&MemoryConfig::with_budget(100));
+        let b = MemoryBudget::new(&MemoryConfig {
+            budget_bytes: Some(100),
+            ..MemoryConfig::default()
+        });
         for _ in 0..9 {
             b.add(10);
             b.mark_waiting(10);
@@ -370,7 +376,10 @@ mod tests {
 
     #[test]
     fn a_lone_message_larger_than_the_limit_is_admitted() {
-        let b = MemoryBudget::new(&MemoryConfig::with_budget(100));
+        let b = MemoryBudget::new(&MemoryConfig {
+            budget_bytes: Some(100),
+            ..MemoryConfig::default()
+        });
         b.add(300);
         assert!(b.admits(Sheddable, 300));
         assert!(!b.may_pull(), "nothing more is pulled while it is held");
@@ -386,7 +395,10 @@ mod tests {
     #[test]
     fn the_largest_message_is_forgotten_after_a_window_or_a_reconfiguration() {
         let w = MemoryBudget::LARGEST_WINDOW;
-        let b = MemoryBudget::new(&MemoryConfig::with_budget(1000));
+        let b = MemoryBudget::new(&MemoryConfig {
+            budget_bytes: Some(1000),
+            ..MemoryConfig::default()
+        });
         b.add(1000);
         b.remove(1000, false);
         for i in 1..2 * w {
@@ -400,7 +412,10 @@ mod tests {
         assert!(b.may_pull());
         b.add(1000);
         assert_eq!(b.largest(), 1000);
-        b.apply(&MemoryConfig::with_budget(2000));
+        b.apply(&MemoryConfig {
+            budget_bytes: Some(2000),
+            ..MemoryConfig::default()
+        });
         assert_eq!((b.largest(), b.held()), (0, 1010));
         assert!(b.may_pull());
         b.add(10);
@@ -412,7 +427,10 @@ mod tests {
     /// panicked).
     #[test]
     fn sizes_past_u64_are_counted_exactly_and_read_saturated() {
-        let b = MemoryBudget::new(&MemoryConfig::with_budget(100));
+        let b = MemoryBudget::new(&MemoryConfig {
+            budget_bytes: Some(100),
+            ..MemoryConfig::default()
+        });
         b.add(u64::MAX);
         b.add(u64::MAX);
         b.add(5);
@@ -444,7 +462,10 @@ mod tests {
         b.add(u64::MAX / 4);
         assert!(b.admits(Sheddable, 1) && b.may_pull());
         b.remove(u64::MAX / 4, false);
-        b.apply(&MemoryConfig::with_budget(10));
+        b.apply(&MemoryConfig {
+            budget_bytes: Some(10),
+            ..MemoryConfig::default()
+        });
         b.add(6);
         assert!(!b.admits(Sheddable, 1));
         b.note_refusal(Sheddable);

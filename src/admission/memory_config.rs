@@ -58,14 +58,6 @@ impl Default for MemoryConfig {
 }
 
 impl MemoryConfig {
-    /// A budget of `bytes` with the default thresholds.
-    pub fn with_budget(bytes: u64) -> Self {
-        MemoryConfig {
-            budget_bytes: Some(bytes),
-            ..MemoryConfig::default()
-        }
-    }
-
     /// The bytes above which `tier` is refused (`threshold × budget`, rounded down); `None`
     /// without a budget.
     pub fn limit_bytes(&self, tier: Criticality) -> Option<u64> {

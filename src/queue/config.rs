@@ -86,7 +86,8 @@ fn default_weights() -> PerTier<Weight> {
     PerTier::new(8, 4, 2, 1).map(|_, w| Weight(NonZeroU32::new(w).unwrap_or(NonZeroU32::MIN)))
 }
 
-/// Configuration of a [`WfqQueue`](crate::queue::WfqQueue).
+/// Configuration of a [`WfqQueue`](crate::queue::WfqQueue): plain public fields, built with
+/// struct-update syntax over [`Default`] (`WfqConfig { capacity, ..WfqConfig::default() }`).
 ///
 /// # Examples
 ///
@@ -138,44 +139,6 @@ impl Default for WfqConfig {
 }
 
 impl WfqConfig {
-    /// Default configuration with the given capacity, in items.
-    ///
-    /// # Panics
-    ///
-    /// If `capacity` is 0.
-    pub fn with_capacity(capacity: usize) -> Self {
-        WfqConfig {
-            capacity: NonZeroUsize::new(capacity).expect("capacity must be at least 1"),
-            ..WfqConfig::default()
-        }
-    }
-
-    /// Sets the per-tier weights.
-    ///
-    /// # Panics
-    ///
-    /// If a weight is outside `1..=1000`; use [`Weight::new`] to handle it as an error.
-    #[must_use]
-    pub fn weights(mut self, critical: u32, high: u32, medium: u32, sheddable: u32) -> Self {
-        self.weights = PerTier::new(critical, high, medium, sheddable)
-            .map(|_, w| Weight::new(i64::from(w)).expect("weight must be in 1..=1000"));
-        self
-    }
-
-    /// Sets queue-age admission.
-    #[must_use]
-    pub fn admission(mut self, admission: QueueAgeConfig) -> Self {
-        self.admission = admission;
-        self
-    }
-
-    /// Sets the byte budget.
-    #[must_use]
-    pub fn max_bytes(mut self, max_bytes: Option<NonZeroUsize>) -> Self {
-        self.max_bytes = max_bytes;
-        self
-    }
-
     /// Checks every field against its allowed range.
     ///
     /// # Errors

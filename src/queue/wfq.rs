@@ -100,7 +100,7 @@ impl Published {
 /// use triage::queue::{Dequeued, Meta, PushError, WfqConfig, WfqQueue};
 /// use triage::Criticality;
 ///
-/// let queue = WfqQueue::new(WfqConfig::with_capacity(2))?;
+/// let queue = WfqQueue::new(WfqConfig { capacity: 2.try_into()?, ..WfqConfig::default() })?;
 /// assert!(queue.push("analytics", Meta::new(Criticality::Sheddable))?.is_empty());
 /// assert!(queue.push("search", Meta::new(Criticality::High))?.is_empty());
 ///

@@ -30,7 +30,10 @@ pub fn config(workers: usize, capacity: usize) -> RuntimeConfig {
                 base_backoff_ms: 1,
                 max_backoff_ms: 5,
             },
-            queue: WfqConfig::with_capacity(capacity),
+            queue: WfqConfig {
+                capacity: capacity.try_into().unwrap(),
+                ..WfqConfig::default()
+            },
             poll_interval_ms: 1,
             ..triage::runtime::ExpertConfig::default()
         },

@@ -151,7 +151,10 @@ async fn runtime(queue: &str, n: usize) -> Duration {
         .expect("source");
     let config = RuntimeConfig {
         expert: triage::runtime::ExpertConfig {
-            queue: WfqConfig::with_capacity(1_024),
+            queue: WfqConfig {
+                capacity: 1_024.try_into().unwrap(),
+                ..WfqConfig::default()
+            },
             ..triage::runtime::ExpertConfig::default()
         },
         ..RuntimeConfig::default()

@@ -195,7 +195,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = RuntimeConfig {
         workers: NonZeroUsize::new(args.workers).ok_or("--workers must be at least 1")?,
         expert: triage::runtime::ExpertConfig {
-            queue: WfqConfig::with_capacity(capacity.get()),
+            queue: WfqConfig {
+                capacity,
+                ..WfqConfig::default()
+            },
             ..triage::runtime::ExpertConfig::default()
         },
         ..RuntimeConfig::default()

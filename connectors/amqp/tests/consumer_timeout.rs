@@ -222,7 +222,10 @@ async fn a_sheddable_delivery_behind_a_critical_backlog_is_handed_back_before_th
         // would be held rather than dropped, and wait all the same.
         policy: PerTier::splat(RefusalPolicy::Backpressure),
         expert: triage::runtime::ExpertConfig {
-            queue: WfqConfig::with_capacity(1_024),
+            queue: WfqConfig {
+                capacity: 1_024.try_into().unwrap(),
+                ..WfqConfig::default()
+            },
             shares: TierShares::new(1.0, 0.9, 0.75, 0.01).unwrap(),
             // Shares strict for a second after Critical work was queued: the Sheddable delivery
             // never borrows a slot while the backlog lasts, however the pulls interleave.

@@ -25,7 +25,10 @@ use triage_amqp::{AmqpMessage, AmqpSource, AmqpSourceConfig};
 
 /// One worker, a queue of one, backpressure for every tier: the third message is held.
 fn holding_runtime() -> RuntimeConfig {
-    let mut queue = WfqConfig::with_capacity(1);
+    let mut queue = WfqConfig {
+        capacity: 1.try_into().unwrap(),
+        ..WfqConfig::default()
+    };
     queue.admission = QueueAgeConfig::disabled();
     RuntimeConfig {
         workers: NonZeroUsize::new(1).unwrap(),

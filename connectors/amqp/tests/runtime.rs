@@ -18,7 +18,10 @@ use triage::Criticality;
 use triage_amqp::{AmqpMessage, AmqpSource, AmqpSourceConfig};
 
 fn runtime_config(workers: usize, capacity: usize) -> RuntimeConfig {
-    let mut queue = WfqConfig::with_capacity(capacity);
+    let mut queue = WfqConfig {
+        capacity: capacity.try_into().unwrap(),
+        ..WfqConfig::default()
+    };
     // This test is about dequeue order, not about shedding by queue age.
     queue.admission = QueueAgeConfig::disabled();
     RuntimeConfig {

@@ -216,11 +216,11 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let mut config = RuntimeConfig {
         workers: NonZeroUsize::new(args.workers).ok_or("--workers must be at least 1")?,
         expert: triage::runtime::ExpertConfig {
-            queue: WfqConfig::with_capacity(
-                NonZeroUsize::new(args.capacity)
-                    .ok_or("--capacity must be at least 1")?
-                    .get(),
-            ),
+            queue: WfqConfig {
+                capacity: NonZeroUsize::new(args.capacity)
+                    .ok_or("--capacity must be at least 1")?,
+                ..WfqConfig::default()
+            },
             ..triage::runtime::ExpertConfig::default()
         },
         ..RuntimeConfig::default()

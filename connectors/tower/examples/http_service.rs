@@ -183,7 +183,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let mut config = TriageConfig::default();
-    config.queue = WfqConfig::with_capacity(args.queue);
+    config.queue = WfqConfig {
+        capacity: args
+            .queue
+            .try_into()
+            .map_err(|_| "--queue must be at least 1")?,
+        ..WfqConfig::default()
+    };
     if args.no_queue_age {
         config.queue.admission = QueueAgeConfig::disabled();
     }
@@ -202,7 +208,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // The core's token buckets as a gate, before the queue: Sheddable alone is
         // rate-limited, and borrows from nobody.
         let buckets = BucketsConfig {
-            sheddable: Some(BucketConfig::per_second(args.sheddable_rate)),
+            sheddable: Some(BucketConfig {
+                rate: Some(args.sheddable_rate),
+                ..BucketConfig::default()
+            }),
             borrow: BorrowChain::none(),
             ..BucketsConfig::default()
         };

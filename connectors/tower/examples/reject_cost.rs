@@ -99,7 +99,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n = args.iterations;
     let limit = ConcurrencyLimit::new(Fixed::new(1)?.into(), TierShares::default());
     let mut config = TriageConfig::default();
-    config.queue = WfqConfig::with_capacity(1);
+    config.queue = WfqConfig {
+        capacity: std::num::NonZeroUsize::MIN,
+        ..WfqConfig::default()
+    };
     config.queue.admission = QueueAgeConfig::disabled();
     let layer = TriageLayer::builder(config, limit.clone())
         .classifier(Classifier::new().trust_header_when(|_| true))

@@ -92,7 +92,7 @@ impl Drop for Owner {
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let limit = ConcurrencyLimit::new(Fixed::new(1)?.into(), TierShares::default());
-/// let entry = EntryAdmission::new(WfqConfig::with_capacity(64), limit)?;
+/// let entry = EntryAdmission::new(WfqConfig { capacity: 64.try_into()?, ..WfqConfig::default() }, limit)?;
 /// let slot = entry.admit(Criticality::High, None).await?;
 /// // The only slot is taken: the next request waits until it is released.
 /// let next = tokio::spawn({
@@ -396,7 +396,14 @@ mod tests {
 
     fn entry(slots: usize, capacity: usize) -> EntryAdmission {
         let limit = ConcurrencyLimit::new(Fixed::new(slots).unwrap().into(), TierShares::default());
-        EntryAdmission::new(WfqConfig::with_capacity(capacity), limit).unwrap()
+        EntryAdmission::new(
+            WfqConfig {
+                capacity: capacity.try_into().unwrap(),
+                ..WfqConfig::default()
+            },
+            limit,
+        )
+        .unwrap()
     }
 
     #[tokio::test]
@@ -468,7 +475,10 @@ mod tests {
     async fn expired_while_waiting_is_answered_never_served() {
         let (clock, mock) = Clock::mock();
         let limit = ConcurrencyLimit::new(Fixed::new(1).unwrap().into(), TierShares::default());
-        let mut config = WfqConfig::with_capacity(8);
+        let mut config = WfqConfig {
+            capacity: 8.try_into().unwrap(),
+            ..WfqConfig::default()
+        };
         config.admission = QueueAgeConfig::disabled();
         let e = EntryAdmission::with_clock(config, limit, clock).unwrap();
         let held = e.admit(Criticality::Critical, None).await.unwrap();

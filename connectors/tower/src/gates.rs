@@ -29,8 +29,10 @@ use crate::{Gate, GateRefusal, Refusal, RefusalReason};
 /// use triage::Criticality;
 /// use triage_tower::{Gate, RateGate, RefusalReason};
 ///
-/// let config = BucketsConfig::default()
-///     .with(Criticality::Sheddable, Some(BucketConfig::per_second(0.5).burst(1)));
+/// let config = BucketsConfig {
+///     sheddable: Some(BucketConfig { rate: Some(0.5), burst: Some(1), ..BucketConfig::default() }),
+///     ..BucketsConfig::default()
+/// };
 /// let gate = RateGate::new(&config)?;
 /// let (head, ()) = http::Request::get("/").body(()).unwrap().into_parts();
 /// assert!(gate.check(Criticality::Sheddable, &head).is_ok());

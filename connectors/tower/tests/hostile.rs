@@ -348,12 +348,19 @@ async fn a_request_refused_after_the_rate_gate_gives_its_token_back() {
 
     // Three Medium tokens, never refilled (the gate's clock is a mock that does not move).
     let (clock, _mock) = triage::quanta::Clock::mock();
-    let buckets = BucketsConfig::default().with(
-        Criticality::Medium,
-        Some(BucketConfig::per_second(0.001).burst(3)),
-    );
+    let buckets = BucketsConfig {
+        medium: Some(BucketConfig {
+            rate: Some(0.001),
+            burst: Some(3),
+            ..BucketConfig::default()
+        }),
+        ..BucketsConfig::default()
+    };
     let mut config = TriageConfig::default();
-    config.queue = WfqConfig::with_capacity(1);
+    config.queue = WfqConfig {
+        capacity: 1.try_into().unwrap(),
+        ..WfqConfig::default()
+    };
     config.queue.admission = QueueAgeConfig::disabled();
     let layer = TriageLayer::builder(config, limit(1))
         .gate(RateGate::with_clock(&buckets, clock).unwrap())
@@ -754,7 +761,10 @@ async fn abandoned_waiters_give_their_place_back() {
     use triage::queue::WfqConfig;
 
     let mut config = TriageConfig::default();
-    config.queue = WfqConfig::with_capacity(2);
+    config.queue = WfqConfig {
+        capacity: 2.try_into().unwrap(),
+        ..WfqConfig::default()
+    };
     config.queue.admission = QueueAgeConfig::disabled();
     config.tier_window = triage::PerTier::splat(Duration::from_secs(3_600));
     let layer = TriageLayer::builder(config, limit(1)).build().unwrap();

@@ -46,7 +46,10 @@ struct Server {
 
 async fn server(slots: usize, queue: usize) -> Server {
     let mut config = TriageConfig::default();
-    config.queue = WfqConfig::with_capacity(queue);
+    config.queue = WfqConfig {
+        capacity: queue.try_into().unwrap(),
+        ..WfqConfig::default()
+    };
     // Deterministic: only capacity decides, not how long the test takes to fill the queue.
     config.queue.admission = QueueAgeConfig::disabled();
     config.retry_after_jitter = Duration::from_secs(JITTER_S);
@@ -467,10 +470,14 @@ async fn the_cores_buckets_and_the_runtimes_breakers_as_gates() {
     .start(|_job: Job<u32>| async { Ok::<(), HandlerError>(()) })
     .unwrap();
     let breakers = runtime.breakers();
-    let buckets = BucketsConfig::default().with(
-        Criticality::Sheddable,
-        Some(BucketConfig::per_second(0.25).burst(1)),
-    );
+    let buckets = BucketsConfig {
+        sheddable: Some(BucketConfig {
+            rate: Some(0.25),
+            burst: Some(1),
+            ..BucketConfig::default()
+        }),
+        ..BucketsConfig::default()
+    };
     let mut config = TriageConfig::default();
     config.retry_after_jitter = Duration::from_secs(JITTER_S);
     let layer_builder = TriageLayer::builder(config, runtime.concurrency_limit()).classifier(

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use triage::limit::{Gradient2Config, LimitConfig};
+use triage::queue::Weight;
 use triage::runtime::RuntimeConfig;
+use triage::PerTier;
 
 use crate::consumer::{previous_defaults, Consumer};
 use crate::goodput::Goodput;
@@ -67,8 +69,10 @@ impl Point {
     /// `queue.capacity` alone), since the grid is the hand-tuning the controller replaces.
     pub fn config(&self, workers: usize) -> RuntimeConfig {
         let mut c = previous_defaults();
-        let [w0, w1, w2, w3] = self.weights;
-        c.expert.queue = c.expert.queue.weights(w0, w1, w2, w3);
+        // The grid's weights are all in range (1..=1000).
+        if let [Ok(w0), Ok(w1), Ok(w2), Ok(w3)] = self.weights.map(|w| Weight::new(i64::from(w))) {
+            c.expert.queue.weights = PerTier::new(w0, w1, w2, w3);
+        }
         c.expert.queue.capacity = NonZeroUsize::new(self.capacity).unwrap_or(NonZeroUsize::MIN);
         c.expert.admission.headroom = self.headroom;
         c.expert.retry.base_backoff_ms = self.backoff_ms;

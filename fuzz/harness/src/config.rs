@@ -157,10 +157,15 @@ pub fn paths() -> &'static [String] {
         full.expert.queue.max_bytes = std::num::NonZeroUsize::new(1 << 20);
         full.memory.budget_bytes = Some(1 << 20);
         full.buckets.capacity = Some(100.0);
-        let bucket = triage::admission::BucketConfig::per_second(10.0).burst(5);
-        for tier in Criticality::ALL {
-            full.buckets = full.buckets.clone().with(tier, Some(bucket.clone()));
-        }
+        let bucket = Some(triage::admission::BucketConfig {
+            rate: Some(10.0),
+            burst: Some(5),
+            ..triage::admission::BucketConfig::default()
+        });
+        full.buckets.critical = bucket.clone();
+        full.buckets.high = bucket.clone();
+        full.buckets.medium = bucket.clone();
+        full.buckets.sheddable = bucket;
         let mut shared = full.clone();
         if let Ok(Value::Table(t)) = Value::try_from(&shared) {
             for (k, v) in &t {

@@ -195,7 +195,12 @@ fn layer(setup: u8, clock: &Clock) -> (TriageLayer, ConcurrencyLimit) {
     // The smallest reappearance tracker: its default table (65,536 ids) would be most of what
     // an input costs, and it is not what this target checks.
     config.reappearance.max_ids = std::num::NonZeroUsize::new(16).expect("16");
-    config.queue = WfqConfig::with_capacity([1, 2, 4, 64][usize::from((setup >> 3) & 0b11)]);
+    config.queue = WfqConfig {
+        capacity: ([1, 2, 4, 64][usize::from((setup >> 3) & 0b11)])
+            .try_into()
+            .unwrap(),
+        ..WfqConfig::default()
+    };
     if setup & 0b100 == 0 {
         config.queue.admission = QueueAgeConfig::disabled();
     }
@@ -213,15 +218,19 @@ fn layer(setup: u8, clock: &Clock) -> (TriageLayer, ConcurrencyLimit) {
         .classifier(classifier)
         .clock(clock.clone());
     if setup & 0b10_0000 != 0 {
-        let buckets = BucketsConfig::default()
-            .with(
-                Criticality::Medium,
-                Some(BucketConfig::per_second(2.0).burst(2)),
-            )
-            .with(
-                Criticality::Sheddable,
-                Some(BucketConfig::per_second(1.0).burst(1)),
-            );
+        let buckets = BucketsConfig {
+            medium: Some(BucketConfig {
+                rate: Some(2.0),
+                burst: Some(2),
+                ..BucketConfig::default()
+            }),
+            sheddable: Some(BucketConfig {
+                rate: Some(1.0),
+                burst: Some(1),
+                ..BucketConfig::default()
+            }),
+            ..BucketsConfig::default()
+        };
         builder =
             builder.gate(RateGate::with_clock(&buckets, clock.clone()).expect("valid buckets"));
     }

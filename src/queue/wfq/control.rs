@@ -80,7 +80,7 @@ impl<T> WfqQueue<T> {
     /// use triage::queue::{Meta, WfqConfig, WfqQueue};
     /// use triage::Criticality;
     ///
-    /// let queue = WfqQueue::new(WfqConfig::with_capacity(8))?;
+    /// let queue = WfqQueue::new(WfqConfig { capacity: 8.try_into()?, ..WfqConfig::default() })?;
     /// for (partition, offset) in [(0, 10), (1, 20), (0, 11), (1, 21)] {
     ///     assert!(queue.push((partition, offset), Meta::new(Criticality::High))?.is_empty());
     /// }
@@ -140,7 +140,7 @@ impl<T> WfqQueue<T> {
     ///
     /// let (clock, mock) = Clock::mock();
     /// let queue: WfqQueue<(&str, Option<Instant>)> =
-    ///     WfqQueue::with_clock(WfqConfig::with_capacity(8), clock.clone())?;
+    ///     WfqQueue::with_clock(WfqConfig { capacity: 8.try_into()?, ..WfqConfig::default() }, clock.clone())?;
     /// queue.track_hand_backs(|&(_, by)| by);
     /// let soon = clock.now() + Duration::from_secs(1);
     /// for item in [("a", Some(soon)), ("b", None), ("c", Some(soon + Duration::from_secs(5)))] {

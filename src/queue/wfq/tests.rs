@@ -12,7 +12,11 @@ use crate::queue::{
 use crate::Criticality;
 
 fn queue(capacity: usize) -> WfqQueue<u32> {
-    let config = WfqConfig::with_capacity(capacity).admission(QueueAgeConfig::disabled());
+    let config = WfqConfig {
+        capacity: capacity.try_into().unwrap(),
+        admission: QueueAgeConfig::disabled(),
+        ..WfqConfig::default()
+    };
     WfqQueue::with_clock(config, Clock::mock().0).expect("valid config")
 }
 
@@ -93,7 +97,11 @@ fn pushes_into_removed_report_their_evictions() {
 #[test]
 fn an_item_expired_on_arrival_evicts_no_live_item() {
     let (clock, mock) = Clock::mock();
-    let config = WfqConfig::with_capacity(1).admission(QueueAgeConfig::disabled());
+    let config = WfqConfig {
+        capacity: 1.try_into().unwrap(),
+        admission: QueueAgeConfig::disabled(),
+        ..WfqConfig::default()
+    };
     let q = WfqQueue::with_clock(config, clock.clone()).expect("valid config");
     mock.increment(Duration::from_secs(1));
     let past = clock.now() - Duration::from_millis(1);
@@ -124,9 +132,12 @@ fn an_item_expired_on_arrival_evicts_no_live_item() {
 /// cannot be held is refused.
 #[test]
 fn sizes_near_usize_max_are_refused_not_overflowed() {
-    let config = WfqConfig::with_capacity(4)
-        .admission(QueueAgeConfig::disabled())
-        .max_bytes(std::num::NonZeroUsize::new(usize::MAX));
+    let config = WfqConfig {
+        capacity: 4.try_into().unwrap(),
+        admission: QueueAgeConfig::disabled(),
+        max_bytes: std::num::NonZeroUsize::new(usize::MAX),
+        ..WfqConfig::default()
+    };
     let q = WfqQueue::with_clock(config, Clock::mock().0).expect("valid config");
     let none = q
         .push(
@@ -159,7 +170,11 @@ fn sizes_near_usize_max_are_refused_not_overflowed() {
 /// the byte stats saturate rather than wrap.
 #[test]
 fn without_a_budget_sizes_past_usize_max_are_bounded_by_count_only() {
-    let config = WfqConfig::with_capacity(4).admission(QueueAgeConfig::disabled());
+    let config = WfqConfig {
+        capacity: 4.try_into().unwrap(),
+        admission: QueueAgeConfig::disabled(),
+        ..WfqConfig::default()
+    };
     let q = WfqQueue::with_clock(config, Clock::mock().0).expect("valid config");
     let huge = usize::MAX - 1;
     for (item, tier) in [
@@ -194,11 +209,12 @@ fn without_a_budget_sizes_past_usize_max_are_bounded_by_count_only() {
     );
     // Setting a budget evicts until the held sizes fit it, lowest tier first, newest first.
     let evicted: Vec<u32> = q
-        .reconfigure(
-            WfqConfig::with_capacity(4)
-                .admission(QueueAgeConfig::disabled())
-                .max_bytes(std::num::NonZeroUsize::new(usize::MAX)),
-        )
+        .reconfigure(WfqConfig {
+            capacity: 4.try_into().unwrap(),
+            admission: QueueAgeConfig::disabled(),
+            max_bytes: std::num::NonZeroUsize::new(usize::MAX),
+            ..WfqConfig::default()
+        })
         .expect("valid config")
         .into_iter()
         .map(Entry::into_inner)
@@ -309,7 +325,10 @@ fn requeue_with_room_restores_the_order() {
 #[test]
 fn drain_where_takes_the_matches_and_rereads_the_ages() {
     let (clock, mock) = Clock::mock();
-    let config = WfqConfig::with_capacity(4);
+    let config = WfqConfig {
+        capacity: 4.try_into().unwrap(),
+        ..WfqConfig::default()
+    };
     let q = WfqQueue::with_clock(config, clock).expect("valid config");
     for (i, tier) in [
         Criticality::Sheddable,
@@ -352,7 +371,11 @@ fn drain_where_takes_the_matches_and_rereads_the_ages() {
 fn take_due_finds_an_item_behind_a_later_one() {
     type Item = (u32, Option<Instant>);
     let (clock, mock) = Clock::mock();
-    let config = WfqConfig::with_capacity(8).admission(QueueAgeConfig::disabled());
+    let config = WfqConfig {
+        capacity: 8.try_into().unwrap(),
+        admission: QueueAgeConfig::disabled(),
+        ..WfqConfig::default()
+    };
     let q: WfqQueue<Item> = WfqQueue::with_clock(config, clock.clone()).expect("valid");
     q.track_hand_backs(|&(_, by)| by);
     let at = |ms| Some(clock.now() + Duration::from_millis(ms));

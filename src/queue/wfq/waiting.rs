@@ -53,7 +53,7 @@ impl<T> WfqQueue<T> {
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let queue = WfqQueue::new(WfqConfig::with_capacity(8))?;
+    /// let queue = WfqQueue::new(WfqConfig { capacity: 8.try_into()?, ..WfqConfig::default() })?;
     /// // Nothing queued: a timeout ends the wait, and takes nothing with it.
     /// assert!(tokio::time::timeout(Duration::from_millis(1), queue.pop()).await.is_err());
     /// assert!(queue.push("checkout", Meta::new(Criticality::Critical))?.is_empty());
