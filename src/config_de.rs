@@ -28,17 +28,22 @@ where
         .ok_or_else(|| D::Error::custom(format!("{v}{OUT_OF_RANGE}1..={MAX}")))
 }
 
-/// A level in `0..=255`.
+/// An integer in `MIN..=MAX`, of any type that holds that range (`u8`, `u32`, `usize`).
 ///
 /// # Errors
 ///
-/// A value that is not an integer, or is out of `0..=255`, with the range in the message.
-pub(crate) fn level<'de, D>(d: D) -> Result<u8, D::Error>
+/// A value that is not an integer, or is out of `MIN..=MAX`, with the range in the message.
+pub(crate) fn int<'de, D, T, const MIN: i64, const MAX: i64>(d: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
+    T: TryFrom<i64>,
 {
     let v = i64::deserialize(d)?;
-    u8::try_from(v).map_err(|_| D::Error::custom(format!("{v}{OUT_OF_RANGE}0..=255")))
+    (MIN..=MAX)
+        .contains(&v)
+        .then(|| T::try_from(v).ok())
+        .flatten()
+        .ok_or_else(|| D::Error::custom(format!("{v}{OUT_OF_RANGE}{MIN}..={MAX}")))
 }
 
 /// Reads a serde error `message` raised at the dotted `path` back as a range error: the field,

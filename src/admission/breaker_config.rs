@@ -40,6 +40,7 @@ pub struct BreakerConfig {
     /// Calls within the window before the failure rate may open the circuit: a handful of
     /// failures on a quiet key is not a dependency outage. Allowed `1..=1_000_000`. Default
     /// `20`.
+    #[serde(deserialize_with = "crate::config_de::int::<_, _, 1, 1_000_000>")]
     pub min_calls: u32,
     /// How long an open circuit refuses its key's messages before half-open probes are let
     /// through, in milliseconds. Allowed `1..=3_600_000`. Default `5_000`.
@@ -47,12 +48,14 @@ pub struct BreakerConfig {
     /// Probe calls a half-open circuit lets through; it closes after this many succeed, and
     /// opens again (for another `recovery_ms`) at the first that fails. Messages beyond the
     /// probes are refused while they are under way. Allowed `1..=10_000`. Default `3`.
+    #[serde(deserialize_with = "crate::config_de::int::<_, _, 1, 10_000>")]
     pub half_open_probes: u32,
     /// Downstream keys tracked at most. A message whose key is not yet tracked once this many
     /// are is admitted as if it had no key (counted in `triage_breaker_untracked_total`): a key
     /// taken from message content must not grow memory without bound. Lowered live, closed
     /// circuits stop being tracked down to the new bound at once; open and half-open ones are
     /// kept until they close. Allowed `1..=100_000`. Default `1024`.
+    #[serde(deserialize_with = "crate::config_de::int::<_, _, 1, 100_000>")]
     pub max_keys: usize,
 }
 

@@ -62,6 +62,7 @@ pub struct PullAdmissionConfig {
     /// backlog stays in the broker (the buffer) and is served in order. While overloaded the
     /// intake pulls ahead to reach more important work behind the refused tiers. Allowed
     /// `1..=1000`. Default `2`.
+    #[serde(deserialize_with = "crate::config_de::int::<_, _, 1, 1000>")]
     pub prefetch_per_slot: usize,
     /// Whether the queue's bounds for pulled work are derived from what the workers clear in
     /// time: a message of a tier is queued while the queue holds fewer than the measured

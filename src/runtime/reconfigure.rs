@@ -45,7 +45,7 @@ use std::sync::{Arc, Weak};
 use crate::runtime::engine::{Inner, Offer};
 use crate::runtime::refusal::Refusal;
 use crate::runtime::settle::Freed;
-use crate::runtime::{DeadLetterSink, DeferSink, RefusalPolicy, RuntimeConfig};
+use crate::runtime::{DeadLetterSink, DeferSink, LoadConfigError, RefusalPolicy, RuntimeConfig};
 use crate::{ConfigError, PerTier};
 
 /// The settings that cannot change while the runtime runs, with why: a reconfiguration that
@@ -146,9 +146,12 @@ pub(crate) fn read_config(path: &std::path::Path) -> Result<RuntimeConfig, Recon
         path: path.to_owned(),
         source,
     })?;
-    toml::from_str(&text).map_err(|source| ReconfigureError::Parse {
-        path: path.to_owned(),
-        source,
+    RuntimeConfig::parse_toml(&text).map_err(|e| match e {
+        LoadConfigError::Parse(source) => ReconfigureError::Parse {
+            path: path.to_owned(),
+            source,
+        },
+        LoadConfigError::Invalid(e) => ReconfigureError::Invalid(e),
     })
 }
 

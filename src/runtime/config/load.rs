@@ -71,11 +71,55 @@ impl RuntimeConfig {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn from_toml(text: &str) -> Result<Self, LoadConfigError> {
-        let table: Table = toml::from_str(text).map_err(LoadConfigError::Parse)?;
-        let config = from_table(table)?;
+        let config = Self::parse_toml(text)?;
         config.validate().map_err(LoadConfigError::Invalid)?;
         Ok(config)
     }
+
+    /// [`from_toml`](Self::from_toml) without [`validate`](Self::validate): for a reload,
+    /// which validates as it applies.
+    pub(crate) fn parse_toml(text: &str) -> Result<Self, LoadConfigError> {
+        let table: Table = match toml::from_str(text) {
+            Ok(table) => table,
+            Err(e) => return Err(too_large(text, &e).unwrap_or(LoadConfigError::Parse(e))),
+        };
+        from_table(table)
+    }
+}
+
+/// An integer past what TOML holds (a signed 64-bit number) is refused by the parser before
+/// any field is read, so its message names no key and no range. The key is found by reading
+/// the text again with a string in the number's place (every numeric field refuses it, at its
+/// dotted path), and the range by reading it with the largest integer TOML holds (refused by
+/// the field's own range check); `None` when the error is another one.
+fn too_large(text: &str, e: &toml::de::Error) -> Option<LoadConfigError> {
+    if !e.message().contains("too large") {
+        return None;
+    }
+    let start = e.span()?.start;
+    let len = text
+        .get(start..)?
+        .find(|c: char| !(c.is_ascii_digit() || matches!(c, '_' | '+' | '-')))
+        .unwrap_or(text.len() - start);
+    let literal = text.get(start..start + len)?;
+    let with = |value: &str| format!("{}{value}{}", &text[..start], &text[start + len..]);
+    let path = match toml::from_str::<Table>(&with("\"\"")).map(from_table) {
+        Ok(Err(LoadConfigError::Parse(e))) => e.message().split(": ").next()?.to_owned(),
+        Ok(Err(LoadConfigError::Invalid(e))) => e.field().to_owned(),
+        _ => return None,
+    };
+    let extreme = if literal.starts_with('-') {
+        i64::MIN.to_string()
+    } else {
+        i64::MAX.to_string()
+    };
+    let allowed = match RuntimeConfig::from_toml(&with(&extreme)) {
+        Err(LoadConfigError::Invalid(e)) if e.field() == path => e.allowed().to_owned(),
+        _ => format!("{}..={} (a TOML integer is 64-bit)", i64::MIN, i64::MAX),
+    };
+    Some(LoadConfigError::Invalid(ConfigError::new(
+        path, literal, allowed,
+    )))
 }
 
 /// Reads `table` as a [`RuntimeConfig`], moving the old layout into the new first; not

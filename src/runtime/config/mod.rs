@@ -75,6 +75,7 @@ pub struct RetryConfig {
     /// Retries after the first attempt before a message is dead-lettered. Allowed `0..=100`.
     /// Default `3`. The user's: what another attempt is worth (an idempotent charge retried,
     /// an e-mail not sent twice) is a business fact no measurement shows.
+    #[serde(deserialize_with = "crate::config_de::int::<_, _, 0, 100>")]
     pub max_retries: u32,
 }
 
@@ -187,6 +188,7 @@ pub struct RuntimeConfig {
     /// its deadline passes, so it ends `Completed` or `Expired`, never bouncing between the
     /// topics. Allowed `1..=1000`. Default `3`.
     /// The user's: how often a message may be put off is a promise about when it is served.
+    #[serde(deserialize_with = "crate::config_de::int::<_, _, 1, 1000>")]
     pub max_deferrals: u32,
     /// A budget on the payload bytes the process holds (queued, held, deferring, in flight); a
     /// tier's new messages are refused above its threshold of it (reason `memory`,
@@ -213,6 +215,7 @@ pub struct RuntimeConfig {
     /// level is the higher of the two. Allowed `0..=3`. Default
     /// `0`. Change it live with [`Runtime::reconfigure`](crate::runtime::Runtime::reconfigure).
     /// The user's: the operator's decision.
+    #[serde(deserialize_with = "crate::config_de::int::<_, _, 0, 3>")]
     pub forced_shed_level: u8,
     /// The operator's brownout switch (seed 002: "sometimes it's better to serve every request
     /// with less work"): a level the handler reads from
@@ -220,7 +223,7 @@ pub struct RuntimeConfig {
     /// recommendations, rich previews). What each level turns off is the handler's choice;
     /// triage only carries the number. `0` is full service. Allowed `0..=255`. Default `0`.
     /// The user's: the operator's decision.
-    #[serde(deserialize_with = "crate::config_de::level")]
+    #[serde(deserialize_with = "crate::config_de::int::<_, _, 0, 255>")]
     pub brownout_level: u8,
     /// Tuning for experts (`[expert]`): every default is derived or constant; change one only
     /// with a measurement. See [`ExpertConfig`].

@@ -209,3 +209,77 @@ fn an_unknown_key_is_named_by_its_dotted_path() {
         "{err}"
     );
 }
+
+/// Errors serde raises while reading (before `validate`) name the dotted key and the range
+/// too: counts, weights, levels, integers past what TOML holds.
+#[test]
+fn serde_level_errors_name_the_dotted_key_and_the_range() {
+    let cases = [
+        (
+            "workers = 0",
+            "workers = 0 is out of range: allowed 1..=100000",
+        ),
+        (
+            "[expert.queue]\ncapacity = -1",
+            "expert.queue.capacity = -1 is out of range: allowed 1..=4294967296",
+        ),
+        (
+            "max_held = 0",
+            "expert.max_held = 0 is out of range: allowed 1..=100000",
+        ),
+        (
+            "[expert.queue.weights]\ncritical = 8\nhigh = 4\nmedium = 2\nsheddable = 1001",
+            "expert.queue.weights.sheddable = 1001 is out of range: allowed 1..=1000",
+        ),
+        (
+            "brownout_level = 256",
+            "brownout_level = 256 is out of range: allowed 0..=255",
+        ),
+        (
+            "forced_shed_level = -1",
+            "forced_shed_level = -1 is out of range: allowed 0..=3",
+        ),
+        (
+            "max_deferrals = 4294967296",
+            "max_deferrals = 4294967296 is out of range: allowed 1..=1000",
+        ),
+        (
+            "[retry]\nmax_retries = 4294967297",
+            "retry.max_retries = 4294967297 is out of range: allowed 0..=100",
+        ),
+        (
+            "[expert.breaker]\nhalf_open_probes = 0",
+            "expert.breaker.half_open_probes = 0 is out of range: allowed 1..=10000",
+        ),
+        (
+            "[expert.admission]\nprefetch_per_slot = -2",
+            "expert.admission.prefetch_per_slot = -2 is out of range: allowed 1..=1000",
+        ),
+        // Past u64 (and i64): the parser refuses the number before any field is read.
+        (
+            "workers = 99999999999999999999",
+            "workers = 99999999999999999999 is out of range: allowed 1..=100000",
+        ),
+        (
+            "[expert]\ndefer_cooldown_ms = 18446744073709551616",
+            "expert.defer_cooldown_ms = 18446744073709551616 is out of range: allowed \
+             1..=3600000",
+        ),
+        (
+            "[queue]\ncapacity = 99999999999999999999",
+            "expert.queue.capacity = 99999999999999999999 is out of range: allowed 1..=4294967296",
+        ),
+    ];
+    for (text, expected) in cases {
+        let err = RuntimeConfig::from_toml(text).unwrap_err();
+        assert!(
+            matches!(err, LoadConfigError::Invalid(_)),
+            "{text:?}: {err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!("invalid config: {expected}"),
+            "{text:?}"
+        );
+    }
+}
