@@ -127,9 +127,46 @@ fn too_large(text: &str, e: &toml::de::Error) -> Option<LoadConfigError> {
 pub(crate) fn from_table(mut table: Table) -> Result<RuntimeConfig, LoadConfigError> {
     let moved = migrate::migrate(&mut table).map_err(LoadConfigError::Invalid)?;
     warn_moved(&moved);
+    read(table.clone()).map_err(|(path, e)| {
+        negative(&table, &path, e.message()).unwrap_or_else(|| from_serde(&path, &e))
+    })
+}
+
+/// The migrated `table` read, or the dotted path of the error and the error.
+fn read(table: Table) -> Result<RuntimeConfig, (String, toml::de::Error)> {
     let mut track = serde_path_to_error::Track::new();
     let de = serde_path_to_error::Deserializer::new(Value::Table(table), &mut track);
-    RuntimeConfig::deserialize(de).map_err(|e| from_serde(&track.path().to_string(), &e))
+    RuntimeConfig::deserialize(de).map_err(|e| (track.path().to_string(), e))
+}
+
+/// An integer out of its type's range (serde's `invalid value: integer `-1`, expected u64`)
+/// as a range error naming the field and its allowed range: the range `validate` states when
+/// the largest integer is put in its place, else the type's.
+fn negative(table: &Table, path: &str, message: &str) -> Option<LoadConfigError> {
+    let rest = message.strip_prefix("invalid value: integer `")?;
+    let (value, ty) = rest.split_once("`, expected ")?;
+    let type_range = match ty {
+        "u8" => format!("0..={}", u8::MAX),
+        "u16" => format!("0..={}", u16::MAX),
+        "u32" => format!("0..={}", u32::MAX),
+        "u64" | "usize" => format!("0..={}", u64::MAX),
+        _ => return None,
+    };
+    let mut probe = table.clone();
+    let mut at = &mut probe;
+    let mut parts: Vec<&str> = path.split('.').collect();
+    let key = parts.pop()?;
+    for p in parts {
+        at = at.get_mut(p)?.as_table_mut()?;
+    }
+    at.insert(key.to_owned(), Value::Integer(i64::MAX));
+    let allowed = match read(probe).map(|c| c.validate()) {
+        Ok(Err(e)) if e.field() == path => e.allowed().to_owned(),
+        _ => type_range,
+    };
+    Some(LoadConfigError::Invalid(ConfigError::new(
+        path, value, allowed,
+    )))
 }
 
 /// One warning per configuration read, naming every setting found at its old place.

@@ -251,6 +251,11 @@ fn serde_level_errors_name_the_dotted_key_and_the_range() {
             "[expert.breaker]\nhalf_open_probes = 0",
             "expert.breaker.half_open_probes = 0 is out of range: allowed 1..=10000",
         ),
+        // A negative value for an unsigned field, with the range validate states.
+        (
+            "[expert]\ndefer_cooldown_ms = -1",
+            "expert.defer_cooldown_ms = -1 is out of range: allowed 1..=3600000",
+        ),
         (
             "[expert.admission]\nprefetch_per_slot = -2",
             "expert.admission.prefetch_per_slot = -2 is out of range: allowed 1..=1000",
