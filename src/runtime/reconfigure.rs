@@ -75,7 +75,7 @@ pub struct Reconfigured {
     /// changed.
     pub generation: u64,
     /// Each field that changed, as `path: old -> new` (e.g.
-    /// `queue.weights.sheddable: 1 -> 8`), sorted by path. Empty when the configuration
+    /// `expert.queue.weights.sheddable: 1 -> 8`), sorted by path. Empty when the configuration
     /// equals the one in force.
     pub changes: Vec<String>,
     /// Messages evicted from the queue because its capacity or byte budget shrank, per tier
