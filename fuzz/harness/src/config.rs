@@ -479,8 +479,9 @@ async fn drive(
                 );
                 assert_eq!(runtime.concurrency_limit().shares(), b.expert.shares);
                 if b.expert.limit != before.expert.limit {
+                    // The limit moves below `workers`: capped at it.
                     let initial = match &b.expert.limit {
-                        Some(l) => l.build().expect("validated").limit(),
+                        Some(l) => l.build().expect("validated").limit().min(b.workers.get()),
                         None => b.workers.get(),
                     };
                     assert_eq!(

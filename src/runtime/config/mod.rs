@@ -17,7 +17,7 @@ use std::num::NonZeroUsize;
 use serde::{Deserialize, Serialize};
 
 use crate::admission::{BucketsConfig, MemoryConfig, MAX_BUDGET_BYTES};
-use crate::limit::{Fixed, Limiter};
+use crate::limit::{Fixed, LimitConfig, Limiter};
 use crate::{ConfigError, PerTier};
 
 pub use expert::{BackoffConfig, ExpertConfig, MemoryThresholdsConfig};
@@ -256,11 +256,21 @@ impl RuntimeConfig {
     /// The concurrency limiter this configuration asks for: the `expert.limit` algorithm, or a
     /// fixed limit of `workers` without one. Built here alone, for start and for a
     /// reconfiguration.
+    ///
+    /// The limit moves below `workers`: its `limit`, `initial`, `min` and `max` are capped at
+    /// `workers` once checked. No more than `workers` handlers can run, and the tier shares are
+    /// fractions of the limit, so a limit above `workers` would leave the shares of the part
+    /// above it unenforced (the AIMD and Gradient2 defaults start at 20 and reach 200).
     pub(crate) fn limiter(&self) -> Result<Limiter, ConfigError> {
         match &self.expert.limit {
-            Some(limit) => limit
-                .build()
-                .map_err(|e| ConfigError::from(e).within("expert")),
+            Some(limit) => {
+                limit
+                    .validate()
+                    .map_err(|e| ConfigError::from(e).within("expert"))?;
+                capped(limit, self.workers.get())
+                    .build()
+                    .map_err(|e| ConfigError::from(e).within("expert"))
+            }
             None => Ok(Limiter::from(
                 Fixed::new(self.workers.get())
                     .map_err(|e| ConfigError::new("workers", e.value, e.allowed))?,
@@ -312,4 +322,23 @@ impl RuntimeConfig {
         }
         self.expert.validate()
     }
+}
+
+/// `limit` with its limits capped at `workers` (see [`RuntimeConfig::limiter`]).
+fn capped(limit: &LimitConfig, workers: usize) -> LimitConfig {
+    let mut limit = limit.clone();
+    match &mut limit {
+        LimitConfig::Fixed { limit } => *limit = (*limit).min(workers),
+        LimitConfig::Aimd(c) => {
+            c.max = c.max.min(workers);
+            c.min = c.min.min(c.max);
+            c.initial = c.initial.clamp(c.min, c.max);
+        }
+        LimitConfig::Gradient2(c) => {
+            c.max = c.max.min(workers);
+            c.min = c.min.min(c.max);
+            c.initial = c.initial.clamp(c.min, c.max);
+        }
+    }
+    limit
 }

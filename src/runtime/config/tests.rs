@@ -288,3 +288,33 @@ fn serde_level_errors_name_the_dotted_key_and_the_range() {
         );
     }
 }
+
+/// The limit moves below `workers`: an adaptive limit's defaults (initial 20, max 200) and a
+/// fixed limit above `workers` are capped at it, so the tier shares, fractions of the limit,
+/// hold (a fresh-user trial: with `kind = "aimd"` and 8 workers the limit read 20 and 8
+/// Sheddable handlers ran at once, against 4 with the fixed default).
+#[test]
+fn a_limit_above_workers_is_capped_at_workers() {
+    use crate::limit::{AimdConfig, Gradient2Config, LimitConfig};
+    let with = |workers: usize, limit: LimitConfig| RuntimeConfig {
+        workers: workers.try_into().unwrap(),
+        expert: ExpertConfig {
+            limit: Some(limit),
+            ..ExpertConfig::default()
+        },
+        ..RuntimeConfig::default()
+    };
+    let aimd = with(8, LimitConfig::Aimd(AimdConfig::default()));
+    assert_eq!(aimd.limiter().unwrap().limit(), 8);
+    let gradient = with(8, LimitConfig::Gradient2(Gradient2Config::default()));
+    assert_eq!(gradient.limiter().unwrap().limit(), 8);
+    let fixed = with(4, LimitConfig::Fixed { limit: 50 });
+    assert_eq!(fixed.limiter().unwrap().limit(), 4);
+    // Below `workers`, the configured values stand.
+    let small = with(64, LimitConfig::Aimd(AimdConfig::default()));
+    assert_eq!(small.limiter().unwrap().limit(), 20);
+    // A value out of its own range is still refused, naming it.
+    let bad = with(8, LimitConfig::Fixed { limit: 0 });
+    let err = bad.limiter().unwrap_err().to_string();
+    assert!(err.contains("expert.limit"), "{err}");
+}
