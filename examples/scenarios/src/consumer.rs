@@ -24,7 +24,7 @@ impl Consumer {
     }
 
     /// Triage with the defaults before the zero-configuration controller: the configured
-    /// `queue.capacity` bounds the queue, whatever the deadlines (see [`previous_defaults`]).
+    /// `expert.queue.capacity` bounds the queue, whatever the deadlines (see [`previous_defaults`]).
     pub fn previous_defaults() -> Self {
         Consumer::Triage(Box::new(previous_defaults()))
     }

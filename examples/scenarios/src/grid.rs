@@ -38,13 +38,13 @@ pub enum Limit {
 pub struct Point {
     /// Dequeue weights, Critical first.
     pub weights: [u32; 4],
-    /// `admission.headroom`.
+    /// `expert.admission.headroom`.
     pub headroom: f64,
-    /// `retry.base_backoff_ms`.
+    /// `expert.retry.base_backoff_ms`.
     pub backoff_ms: u64,
-    /// `admission.recover_ms`.
+    /// `expert.admission.recover_ms`.
     pub recover_ms: u64,
-    /// `queue.capacity`.
+    /// `expert.queue.capacity`.
     pub capacity: usize,
     /// The concurrency limit.
     pub limit: Limit,
@@ -66,7 +66,7 @@ impl Point {
 
     /// The runtime configuration of this point for `workers` workers: the knobs set on the
     /// defaults before the zero-configuration controller (the queue bounded by
-    /// `queue.capacity` alone), since the grid is the hand-tuning the controller replaces.
+    /// `expert.queue.capacity` alone), since the grid is the hand-tuning the controller replaces.
     pub fn config(&self, workers: usize) -> RuntimeConfig {
         let mut c = previous_defaults();
         // The grid's weights are all in range (1..=1000).
@@ -96,24 +96,27 @@ impl Point {
         if self.weights != d.weights {
             let w = self.weights;
             parts.push(format!(
-                "queue.weights = {}/{}/{}/{}",
+                "expert.queue.weights = {}/{}/{}/{}",
                 w[0], w[1], w[2], w[3]
             ));
         }
         if self.capacity != d.capacity {
-            parts.push(format!("queue.capacity = {}", self.capacity));
+            parts.push(format!("expert.queue.capacity = {}", self.capacity));
         }
         if self.headroom != d.headroom {
-            parts.push(format!("admission.headroom = {}", self.headroom));
+            parts.push(format!("expert.admission.headroom = {}", self.headroom));
         }
         if self.backoff_ms != d.backoff_ms {
-            parts.push(format!("retry.base_backoff_ms = {}", self.backoff_ms));
+            parts.push(format!(
+                "expert.retry.base_backoff_ms = {}",
+                self.backoff_ms
+            ));
         }
         if self.recover_ms != d.recover_ms {
-            parts.push(format!("admission.recover_ms = {}", self.recover_ms));
+            parts.push(format!("expert.admission.recover_ms = {}", self.recover_ms));
         }
         if self.limit == Limit::Gradient2 {
-            parts.push("limit = gradient2 (initial = max = workers)".to_string());
+            parts.push("expert.limit = gradient2 (initial = max = workers)".to_string());
         }
         if parts.is_empty() {
             "defaults".to_string()
@@ -125,13 +128,13 @@ impl Point {
 
 /// The values each knob takes: the default first.
 pub const WEIGHTS: [[u32; 4]; 2] = [[8, 4, 2, 1], [32, 8, 2, 1]];
-/// `admission.headroom` values.
+/// `expert.admission.headroom` values.
 pub const HEADROOM: [f64; 2] = [0.95, 0.85];
-/// `retry.base_backoff_ms` values.
+/// `expert.retry.base_backoff_ms` values.
 pub const BACKOFF_MS: [u64; 2] = [100, 10];
-/// `admission.recover_ms` values.
+/// `expert.admission.recover_ms` values.
 pub const RECOVER_MS: [u64; 3] = [500, 150, 2000];
-/// `queue.capacity` values.
+/// `expert.queue.capacity` values.
 pub const CAPACITY: [usize; 2] = [1024, 256];
 /// Concurrency limits.
 pub const LIMITS: [Limit; 2] = [Limit::Fixed, Limit::Gradient2];

@@ -69,7 +69,7 @@ pub fn render(rows: &[Row<'_>], search: Option<&Search>, command: &str, wall: Du
          up to 3 times; in key mode a worker waits for the key's previous message). Triage \
          runs with a defer topic drained back when load falls, as in README's first command. \
          *Defaults* are the defaults before the zero-configuration controller (the queue \
-         bounded by `queue.capacity` alone, the look-ahead past busy keys 8 x the prefetch: `expert.admission.derive_bounds = false`); \
+         bounded by `expert.queue.capacity` alone, the look-ahead past busy keys 8 x the prefetch: `expert.admission.derive_bounds = false`); \
          *zero-config* is `RuntimeConfig::default()`, whose queue bounds for pulled work (per \
          tier) and look-ahead past busy ordering keys are derived from the measured capacity \
          and the deadline slack the messages arrive with (`triage::admission::derived_bounds`, \
@@ -135,8 +135,8 @@ pub fn render(rows: &[Row<'_>], search: Option<&Search>, command: &str, wall: Du
         let _ = writeln!(o, "\n## Best hand-tuned settings\n");
         let _ = writeln!(
             o,
-            "The grid: `queue.weights` {:?}, `admission.headroom` {:?}, \
-             `retry.base_backoff_ms` {:?}, `admission.recover_ms` {:?}, `queue.capacity` {:?}, \
+            "The grid: `expert.queue.weights` {:?}, `expert.admission.headroom` {:?}, \
+             `expert.retry.base_backoff_ms` {:?}, `expert.admission.recover_ms` {:?}, `expert.queue.capacity` {:?}, \
              limit fixed at the workers or Gradient2 (initial = max = workers): {} points, \
              {} runs in {} on {} threads. Best = highest Critical goodput, then highest \
              weighted total; a tie keeps the earlier point (the defaults come first).\n",
