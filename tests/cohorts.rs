@@ -75,13 +75,7 @@ async fn overload(with_users: bool, names: &str) -> (PerUser, f64) {
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    broker.close();
-    // Let what is queued finish before shutdown releases it.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let report = rt.shutdown(Duration::from_secs(10)).await;
-    let total = report.stats.ledger.total();
-    assert_eq!(report.stats.alive, 0, "{report}");
-    assert_eq!(total.consumed, total.settled() + total.released, "{report}");
+    common::close_and_shut_down(rt, &broker).await;
     let done = done.lock();
     let mut per_user = PerUser::new();
     for (_, &(user, steady)) in medium_user.iter() {

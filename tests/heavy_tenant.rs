@@ -103,12 +103,7 @@ async fn overload(tenant_share: f64, tenant: &str) -> (Medium, f64) {
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    broker.close();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let report = rt.shutdown(Duration::from_secs(10)).await;
-    let total = report.stats.ledger.total();
-    assert_eq!(report.stats.alive, 0, "{report}");
-    assert_eq!(total.consumed, total.settled() + total.released, "{report}");
+    common::close_and_shut_down(rt, &broker).await;
     let mut m = Medium::default();
     // Per light user: (offered, in time).
     let mut light: HashMap<u32, (u32, u32)> = HashMap::new();

@@ -529,4 +529,4 @@ fn arrival(from: &PullSample, to: &PullSample) -> Option<f64> {
 
 #[cfg(test)]
 #[path = "pull_tests.rs"]
-mod tests;
+pub(super) mod tests;

@@ -3,7 +3,7 @@
 use super::*;
 use crate::admission::COHORTS;
 
-fn ms(v: u64) -> Duration {
+pub(in crate::admission) fn ms(v: u64) -> Duration {
     Duration::from_millis(v)
 }
 
@@ -25,7 +25,8 @@ fn drive(a: &mut PullAdmission, s: &mut PullSample, ticks: u64, rate: f64, pull:
     }
 }
 
-fn fresh() -> (PullAdmission, PullSample) {
+/// A pull admission on the defaults and its first sample: 8 slots, the lag known and empty.
+pub(in crate::admission) fn fresh() -> (PullAdmission, PullSample) {
     let s = PullSample {
         limit: 8,
         lag: Some(0),

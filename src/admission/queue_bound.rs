@@ -128,14 +128,9 @@ pub fn derived_bounds(pull: &PullAdmission, prefetch: usize) -> Option<[usize; 4
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
+    use crate::admission::pull::tests::{fresh, ms};
     use crate::admission::{PullAdmissionConfig, PullSample};
-
-    fn ms(v: u64) -> Duration {
-        Duration::from_millis(v)
-    }
 
     /// Feeds `ticks` ticks of 100 ms: 8 handlers of 10 ms (800/s) serving 80 a tick, `rate`/s
     /// arriving with the mix 10/20/30/40 % (Critical first), the worker pulling at most 800/s
@@ -158,15 +153,6 @@ mod tests {
             s.lag = Some(lag as u64);
             a.observe(s);
         }
-    }
-
-    fn fresh() -> (PullAdmission, PullSample) {
-        let s = PullSample {
-            limit: 8,
-            lag: Some(0),
-            ..PullSample::default()
-        };
-        (PullAdmission::new(&PullAdmissionConfig::default()), s)
     }
 
     /// Slack at intake by rank (Sheddable first): the windows 1000 / 500 / 250 / 100 ms.

@@ -14,8 +14,8 @@ use triage::admission::{PullAdmissionConfig, QueueAgeConfig};
 use triage::quanta::Clock;
 use triage::queue::WfqConfig;
 use triage::runtime::{
-    DeadLetterSink, DeferSink, HandlerError, Job, RefusalPolicy, Republish, RetryConfig,
-    RuntimeConfig, SinkError,
+    DeadLetterSink, DeferSink, HandlerError, Job, MemoryBroker, RefusalPolicy, Report, Republish,
+    RetryConfig, Runtime, RuntimeConfig, SinkError,
 };
 use triage::PerTier;
 
@@ -132,4 +132,19 @@ impl DeadLetterSink<u32> for Hanging {
     fn publish<'a>(&'a self, _: &'a u32, _: &'a Republish) -> BoxFuture<'a, Result<(), SinkError>> {
         self.hang()
     }
+}
+
+/// Closes `broker`, lets what is queued finish (3 s), shuts `rt` down and checks its ledger:
+/// nothing left alive, every message consumed settled or released.
+pub async fn close_and_shut_down<T: Send + Sync + 'static>(
+    rt: Runtime<T>,
+    broker: &MemoryBroker<T>,
+) -> Report {
+    broker.close();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let report = rt.shutdown(Duration::from_secs(10)).await;
+    let total = report.stats.ledger.total();
+    assert_eq!(report.stats.alive, 0, "{report}");
+    assert_eq!(total.consumed, total.settled() + total.released, "{report}");
+    report
 }

@@ -129,13 +129,29 @@ pub async fn produce_n(topic: &str, n: usize) {
 
 /// The group's committed position of `topic`/0, read by a separate client.
 pub fn committed(group: &str, topic: &str) -> Option<i64> {
-    let consumer: BaseConsumer = ClientConfig::new()
+    committed_offsets(&group_reader(group), group, topic, 1)[0]
+}
+
+/// A client of `group` that only reads its committed positions and the watermarks.
+fn group_reader(group: &str) -> BaseConsumer {
+    ClientConfig::new()
         .set("bootstrap.servers", BROKERS)
         .set("group.id", group)
         .create()
-        .expect("consumer");
+        .expect("consumer")
+}
+
+/// Per partition `0..partitions` of `topic`: `group`'s committed position, `None` if none.
+fn committed_offsets(
+    consumer: &BaseConsumer,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> Vec<Option<i64>> {
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(topic, 0);
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
     // The group coordinator can answer NotCoordinator or CoordinatorLoadInProgress while it
     // moves or loads (a broker busy with other tests' groups): retriable, as librdkafka's own
     // clients treat it; the question is asked again, up to the hang guard's patience.
@@ -151,10 +167,13 @@ pub fn committed(group: &str, topic: &str) -> Option<i64> {
             Err(e) => panic!("committed offsets: {e}"),
         }
     };
-    match got.elements()[0].offset() {
-        Offset::Offset(o) => Some(o),
-        _ => None,
-    }
+    got.elements()
+        .iter()
+        .map(|e| match e.offset() {
+            Offset::Offset(o) => Some(o),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Polls `check` until it returns true; panics after the hang guard.
@@ -242,24 +261,11 @@ pub async fn produce_keyed(topic: &str, keys: u32, per_key: u32) {
 
 /// Per partition `0..partitions`: (committed position of `group`, high watermark).
 pub fn positions(group: &str, topic: &str, partitions: i32) -> Vec<(i64, i64)> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", BROKERS)
-        .set("group.id", group)
-        .create()
-        .expect("consumer");
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition(topic, p);
-    }
-    let committed = consumer
-        .committed_offsets(tpl, Duration::from_secs(30))
-        .expect("committed offsets");
+    let consumer = group_reader(group);
+    let committed = committed_offsets(&consumer, group, topic, partitions);
     (0..partitions)
         .map(|p| {
-            let at = match committed.elements()[p as usize].offset() {
-                Offset::Offset(o) => o,
-                _ => -1,
-            };
+            let at = committed[p as usize].unwrap_or(-1);
             let (_, high) = consumer
                 .fetch_watermarks(topic, p, Duration::from_secs(30))
                 .expect("watermarks");
