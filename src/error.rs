@@ -25,6 +25,9 @@ pub struct ConfigError {
     value: String,
     allowed: String,
     replaced: bool,
+    /// Where the field lives now, when the file wrote it at its place in the layout before the
+    /// expert group (`field` is then the path as written).
+    moved_to: Option<String>,
 }
 
 impl ConfigError {
@@ -39,6 +42,7 @@ impl ConfigError {
             value: value.to_string(),
             allowed: allowed.into(),
             replaced: false,
+            moved_to: None,
         }
     }
 
@@ -50,6 +54,7 @@ impl ConfigError {
             value: String::new(),
             allowed: replacement.into(),
             replaced: true,
+            moved_to: None,
         }
     }
 
@@ -66,6 +71,22 @@ impl ConfigError {
     /// The allowed range or set, as text; for a field that no longer exists, what replaced it.
     pub fn allowed(&self) -> &str {
         &self.allowed
+    }
+
+    /// Where the field lives now, when the file named it at its place in the layout before
+    /// the expert group ([`field`](Self::field) is then the path as written), e.g.
+    /// `expert.queue.capacity` for a file's `queue.capacity`.
+    pub fn moved_to(&self) -> Option<&str> {
+        self.moved_to.as_deref()
+    }
+
+    /// The same error for a field the file wrote at `written` (its old place), which lives at
+    /// `now`.
+    #[must_use]
+    pub(crate) fn written_at(mut self, written: String, now: String) -> Self {
+        self.field = written;
+        self.moved_to = Some(now);
+        self
     }
 
     /// The same error with `prefix.` put in front of the field path.
@@ -85,7 +106,11 @@ impl fmt::Display for ConfigError {
             f,
             "{} = {} is out of range: allowed {}",
             self.field, self.value, self.allowed
-        )
+        )?;
+        if let Some(now) = &self.moved_to {
+            write!(f, " (the setting is now `{now}`: write it there)")?;
+        }
+        Ok(())
     }
 }
 

@@ -45,7 +45,9 @@ impl RuntimeConfig {
     /// A document in the layout before the expert group (`[queue]`, `[admission]`,
     /// `[breaker]`, `[limit]`, `[shares]`, `max_held`, `retry.base_backoff_ms`, ... at the top
     /// level) loads to the same configuration: each such setting is moved under `expert`, and
-    /// one warning (`tracing`) names every one moved with its new path.
+    /// one warning (`tracing`) names every one moved with its new path. An error in such a
+    /// setting names it as the file wrote it, and where it lives now
+    /// ([`ConfigError::moved_to`]).
     ///
     /// # Errors
     ///
@@ -68,23 +70,56 @@ impl RuntimeConfig {
     ///     err.to_string(),
     ///     "invalid config: expert.queue.capacity = 0 is out of range: allowed 1..=4294967296"
     /// );
+    /// let err = RuntimeConfig::from_toml("[queue]\ncapacity = 0").unwrap_err();
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "invalid config: queue.capacity = 0 is out of range: allowed 1..=4294967296 \
+    ///      (the setting is now `expert.queue.capacity`: write it there)"
+    /// );
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn from_toml(text: &str) -> Result<Self, LoadConfigError> {
-        let config = Self::parse_toml(text)?;
-        config.validate().map_err(LoadConfigError::Invalid)?;
+        let (config, moved) = parse(text)?;
+        config
+            .validate()
+            .map_err(|e| LoadConfigError::Invalid(as_written(e, &moved)))?;
         Ok(config)
     }
 
     /// [`from_toml`](Self::from_toml) without [`validate`](Self::validate): for a reload,
     /// which validates as it applies.
     pub(crate) fn parse_toml(text: &str) -> Result<Self, LoadConfigError> {
-        let table: Table = match toml::from_str(text) {
-            Ok(table) => table,
-            Err(e) => return Err(too_large(text, &e).unwrap_or(LoadConfigError::Parse(e))),
-        };
-        from_table(table)
+        parse(text).map(|(config, _)| config)
     }
+}
+
+/// The text read as a [`RuntimeConfig`], not validated, with the settings moved from the old
+/// layout.
+fn parse(text: &str) -> Result<(RuntimeConfig, Vec<Move>), LoadConfigError> {
+    let table: Table = match toml::from_str(text) {
+        Ok(table) => table,
+        Err(e) => return Err(too_large(text, &e).unwrap_or(LoadConfigError::Parse(e))),
+    };
+    read_moved(table)
+}
+
+/// `e` naming its field as the file wrote it ([`written`]).
+fn as_written(e: ConfigError, moved: &[Move]) -> ConfigError {
+    match written(e.field(), moved) {
+        Some((old, now)) => e.written_at(old, now),
+        None => e,
+    }
+}
+
+/// For a `path` under a setting moved from the old layout, the path as the file wrote it and
+/// the path now: errors name the first (the user looks for what they wrote) and tell the
+/// second.
+fn written(path: &str, moved: &[Move]) -> Option<(String, String)> {
+    moved.iter().find_map(|(old, new)| {
+        let rest = path.strip_prefix(new)?;
+        (rest.is_empty() || rest.starts_with('.'))
+            .then(|| (format!("{old}{rest}"), path.to_owned()))
+    })
 }
 
 /// An integer past what TOML holds (a signed 64-bit number) is refused by the parser before
@@ -103,9 +138,18 @@ fn too_large(text: &str, e: &toml::de::Error) -> Option<LoadConfigError> {
         .unwrap_or(text.len() - start);
     let literal = text.get(start..start + len)?;
     let with = |value: &str| format!("{}{value}{}", &text[..start], &text[start + len..]);
-    let path = match toml::from_str::<Table>(&with("\"\"")).map(from_table) {
-        Ok(Err(LoadConfigError::Parse(e))) => e.message().split(": ").next()?.to_owned(),
-        Ok(Err(LoadConfigError::Invalid(e))) => e.field().to_owned(),
+    let (path, now) = match toml::from_str::<Table>(&with("\"\"")).map(from_table) {
+        Ok(Err(LoadConfigError::Parse(e))) => {
+            let message = e.message();
+            let now = message
+                .split_once("(the setting is now `")
+                .and_then(|(_, rest)| rest.split_once('`'))
+                .map(|(now, _)| now.to_owned());
+            (message.split(": ").next()?.to_owned(), now)
+        }
+        Ok(Err(LoadConfigError::Invalid(e))) => {
+            (e.field().to_owned(), e.moved_to().map(str::to_owned))
+        }
         _ => return None,
     };
     let extreme = if literal.starts_with('-') {
@@ -117,19 +161,41 @@ fn too_large(text: &str, e: &toml::de::Error) -> Option<LoadConfigError> {
         Err(LoadConfigError::Invalid(e)) if e.field() == path => e.allowed().to_owned(),
         _ => format!("{}..={} (a TOML integer is 64-bit)", i64::MIN, i64::MAX),
     };
-    Some(LoadConfigError::Invalid(ConfigError::new(
-        path, literal, allowed,
-    )))
+    let e = ConfigError::new(path.clone(), literal, allowed);
+    Some(LoadConfigError::Invalid(match now {
+        Some(now) => e.written_at(path, now),
+        None => e,
+    }))
 }
 
 /// Reads `table` as a [`RuntimeConfig`], moving the old layout into the new first; not
 /// validated.
-pub(crate) fn from_table(mut table: Table) -> Result<RuntimeConfig, LoadConfigError> {
+pub(crate) fn from_table(table: Table) -> Result<RuntimeConfig, LoadConfigError> {
+    read_moved(table).map(|(config, _)| config)
+}
+
+/// [`from_table`], with the settings moved from the old layout; an error names a moved field
+/// as the file wrote it ([`as_written`]).
+fn read_moved(mut table: Table) -> Result<(RuntimeConfig, Vec<Move>), LoadConfigError> {
     let moved = migrate::migrate(&mut table).map_err(LoadConfigError::Invalid)?;
     warn_moved(&moved);
-    read(table.clone()).map_err(|(path, e)| {
-        negative(&table, &path, e.message()).unwrap_or_else(|| from_serde(&path, &e))
-    })
+    match read(table.clone()) {
+        Ok(config) => Ok((config, moved)),
+        Err((path, e)) => Err(
+            match negative(&table, &path, e.message()).unwrap_or_else(|| from_serde(&path, &e)) {
+                LoadConfigError::Invalid(e) => LoadConfigError::Invalid(as_written(e, &moved)),
+                LoadConfigError::Parse(e) => LoadConfigError::Parse(match written(&path, &moved) {
+                    Some((old, now)) => toml::de::Error::custom(format!(
+                        "{old}{} (the setting is now `{now}`: write it there)",
+                        e.message()
+                            .strip_prefix(path.as_str())
+                            .unwrap_or(e.message())
+                    )),
+                    None => e,
+                }),
+            },
+        ),
+    }
 }
 
 /// The migrated `table` read, or the dotted path of the error and the error.

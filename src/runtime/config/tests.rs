@@ -225,7 +225,8 @@ fn serde_level_errors_name_the_dotted_key_and_the_range() {
         ),
         (
             "max_held = 0",
-            "expert.max_held = 0 is out of range: allowed 1..=100000",
+            "max_held = 0 is out of range: allowed 1..=100000 (the setting is now \
+             `expert.max_held`: write it there)",
         ),
         (
             "[expert.queue.weights]\ncritical = 8\nhigh = 4\nmedium = 2\nsheddable = 1001",
@@ -272,7 +273,8 @@ fn serde_level_errors_name_the_dotted_key_and_the_range() {
         ),
         (
             "[queue]\ncapacity = 99999999999999999999",
-            "expert.queue.capacity = 99999999999999999999 is out of range: allowed 1..=4294967296",
+            "queue.capacity = 99999999999999999999 is out of range: allowed 1..=4294967296 (the \
+             setting is now `expert.queue.capacity`: write it there)",
         ),
     ];
     for (text, expected) in cases {
@@ -287,6 +289,58 @@ fn serde_level_errors_name_the_dotted_key_and_the_range() {
             "{text:?}"
         );
     }
+}
+
+/// A file in the old layout is told about the setting it wrote, at the path it wrote it, and
+/// where that setting lives now: whether serde, `validate` or the parser refuses the value.
+#[test]
+fn errors_in_an_old_layout_file_name_the_path_as_written_and_the_new_one() {
+    let cases = [
+        // Refused by serde's range check, under a moved table.
+        (
+            "[queue]\ncapacity = 0",
+            "queue.capacity",
+            "expert.queue.capacity",
+        ),
+        // Refused by `validate`, under a moved table.
+        (
+            "[admission]\nrecover_ms = 600001",
+            "admission.recover_ms",
+            "expert.admission.recover_ms",
+        ),
+        // A moved key inside a table that stays.
+        (
+            "[retry]\nbase_backoff_ms = 0",
+            "retry.base_backoff_ms",
+            "expert.retry.base_backoff_ms",
+        ),
+    ];
+    for (text, written, now) in cases {
+        let Err(LoadConfigError::Invalid(e)) = RuntimeConfig::from_toml(text) else {
+            panic!("{text:?} loaded or failed to parse");
+        };
+        assert_eq!((e.field(), e.moved_to()), (written, Some(now)), "{text:?}");
+        let message = e.to_string();
+        assert!(
+            message.starts_with(&format!("{written} = ")) && message.contains(&format!("`{now}`")),
+            "{text:?}: {message}"
+        );
+    }
+    // Not a value out of range but the wrong type: the parser's message, at the path written.
+    let err = RuntimeConfig::from_toml("max_held = \"many\"")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("invalid config: max_held: invalid type")
+            && err.contains("`expert.max_held`"),
+        "{err}"
+    );
+    // The same settings in the new layout: no mention of a move.
+    let Err(LoadConfigError::Invalid(e)) = RuntimeConfig::from_toml("[expert.queue]\ncapacity = 0")
+    else {
+        panic!("loaded");
+    };
+    assert_eq!((e.field(), e.moved_to()), ("expert.queue.capacity", None));
 }
 
 /// The limit moves below `workers`: an adaptive limit's defaults (initial 20, max 200) and a
