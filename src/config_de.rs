@@ -28,6 +28,30 @@ where
         .ok_or_else(|| D::Error::custom(format!("{v}{OUT_OF_RANGE}1..={MAX}")))
 }
 
+/// An optional budget in bytes, at least 1: the key left out (the struct's default) is no
+/// budget; a value is `1..=i64::MAX` (what TOML holds).
+///
+/// # Errors
+///
+/// A value that is not an integer, or is below 1, with the range and the way to have no budget
+/// in the message (serde's own says only "expected a nonzero usize").
+pub(crate) fn budget_bytes<'de, D>(d: D) -> Result<Option<NonZeroUsize>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    let v = i64::deserialize(d)?;
+    usize::try_from(v)
+        .ok()
+        .and_then(NonZeroUsize::new)
+        .map(Some)
+        .ok_or_else(|| {
+            D::Error::custom(format!(
+                "{v}{OUT_OF_RANGE}1..={} (bytes; leave the key out for no byte budget)",
+                i64::MAX
+            ))
+        })
+}
+
 /// An integer in `MIN..=MAX`, of any type that holds that range (`u8`, `u32`, `usize`).
 ///
 /// # Errors

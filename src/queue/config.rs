@@ -119,7 +119,9 @@ pub struct WfqConfig {
     #[serde(deserialize_with = "crate::config_de::count::<_, MAX_CAPACITY>")]
     pub capacity: NonZeroUsize,
     /// Optional budget on the summed `size_bytes` of held items, in bytes. `None` (the default)
-    /// bounds by count only, whatever the sizes (even sizes adding up past `usize::MAX`).
+    /// bounds by count only, whatever the sizes (even sizes adding up past `usize::MAX`). In a
+    /// file: leave the key out for none; a value is `1..=2^63-1`.
+    #[serde(deserialize_with = "crate::config_de::budget_bytes")]
     pub max_bytes: Option<NonZeroUsize>,
     /// Dequeue weight per tier, `1..=1000` each. Default `8 / 4 / 2 / 1`.
     pub weights: PerTier<Weight>,

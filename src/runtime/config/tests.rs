@@ -233,6 +233,11 @@ fn serde_level_errors_name_the_dotted_key_and_the_range() {
             "expert.queue.weights.sheddable = 1001 is out of range: allowed 1..=1000",
         ),
         (
+            "[expert.queue]\nmax_bytes = 0",
+            "expert.queue.max_bytes = 0 is out of range: allowed 1..=9223372036854775807 (bytes; \
+             leave the key out for no byte budget)",
+        ),
+        (
             "brownout_level = 256",
             "brownout_level = 256 is out of range: allowed 0..=255",
         ),
