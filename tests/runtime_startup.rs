@@ -20,8 +20,10 @@ fn invalid_config_names_the_field_and_range() {
             "expert.queue.weights.critical = -1 is out of range: allowed 1..=1000",
         ),
         (
+            // The layout before the expert group: named as written, and where it lives now.
             "[queue.weights]\ncritical = 8\nhigh = 0\nmedium = 2\nsheddable = 1",
-            "expert.queue.weights.high = 0 is out of range: allowed 1..=1000",
+            "queue.weights.high = 0 is out of range: allowed 1..=1000 (the setting is now \
+             `expert.queue.weights.high`",
         ),
         (
             "[expert.queue.admission.cutoff_ms]\ncritical = 400\nhigh = 500\nmedium = 80\n\
@@ -30,7 +32,8 @@ fn invalid_config_names_the_field_and_range() {
         ),
         (
             "[queue]\ncapacity = 0",
-            "expert.queue.capacity = 0 is out of range: allowed 1..=4294967296",
+            "queue.capacity = 0 is out of range: allowed 1..=4294967296 (the setting is now \
+             `expert.queue.capacity`",
         ),
         (
             "workers = 0",
@@ -42,7 +45,8 @@ fn invalid_config_names_the_field_and_range() {
         ),
         (
             "max_deferring = -3",
-            "expert.max_deferring = -3 is out of range: allowed 1..=100000",
+            "max_deferring = -3 is out of range: allowed 1..=100000 (the setting is now \
+             `expert.max_deferring`",
         ),
         (
             "[expert]\nmax_dead_lettering = 0",

@@ -64,17 +64,24 @@ pub struct PullAdmissionConfig {
     /// `1..=1000`. Default `2`.
     #[serde(deserialize_with = "crate::config_de::int::<_, _, 1, 1000>")]
     pub prefetch_per_slot: usize,
-    /// Whether the queue's bounds for pulled work are derived from what the workers clear in
-    /// time: a message of a tier is queued while the queue holds fewer than the measured
-    /// capacity times a quarter of that tier's mean deadline slack, never fewer than the
-    /// prefetch (see [`derived_bounds`](super::derived_bounds)); past it, it evicts a lower
-    /// tier or is refused as into a full queue. Then `queue.capacity` is only a memory
-    /// ceiling. Likewise, in key mode, how far the intake looks past the messages parked
-    /// behind busy keys: as many as the workers clear within the shortest slack of the
-    /// admitted tiers, at least 8 × the prefetch (see
-    /// [`derived_lookahead`](super::derived_lookahead)). An expert setting: `false` keeps the
-    /// configured capacity as every tier's bound and 8 × the prefetch as the look-ahead,
-    /// whatever the deadlines. Default `true`.
+    /// Whether the zero-configuration controls are on, derived from the measured capacity and
+    /// the deadline slack messages arrive with:
+    /// - **How far the intake pulls ahead** while not overloaded: as many messages as the
+    ///   workers clear within the shortest slack of the admitted tiers, at most half of
+    ///   `queue.capacity`, never fewer than the prefetch; in key mode also how far it looks past
+    ///   messages parked behind busy keys, at least 8 × the prefetch (see
+    ///   [`derived_lookahead`](super::derived_lookahead)).
+    /// - **Deadline-ordered service**: the queue serves the tier whose head is due first ahead
+    ///   of the weighted order when every more important tier's queued work would still meet
+    ///   its deadlines at the measured capacity (slack stealing), and then a tier past its
+    ///   concurrency share may be served too (with `work_conserving`).
+    /// - **Which refused message fills an idle worker**: the further its tier lies below the
+    ///   one admitted in part, the emptier the queue must be (half the prefetch per tier
+    ///   between).
+    ///
+    /// An expert setting: `false` restores the controls before them (8 × the prefetch, service
+    /// by weight alone, the prefetch for any refused tier), whatever the deadlines. Default
+    /// `true`.
     pub derive_bounds: bool,
 }
 

@@ -14,8 +14,10 @@ use super::{
 };
 use crate::Criticality;
 use hand_back::TierHandBacks;
+use slack::Slack;
 
 mod hand_back;
+mod slack;
 
 /// The fields every push or pop touches come first, in declaration order (`repr(C)`), so that
 /// an operation touches few cache lines: with producers and consumers on different cores each
@@ -23,12 +25,7 @@ mod hand_back;
 #[repr(C)]
 pub(crate) struct Core<T> {
     len: usize,
-    /// The lowest of `bounds`: below it, a push of any tier has room (the fast path).
     capacity: usize,
-    /// The configured capacity, and the count bound a push of each tier keeps (by rank; lower
-    /// when the runtime derives them from the deadlines, see `set_bounds_per_tier`).
-    ceiling: usize,
-    bounds: [usize; 4],
     /// Bytes counted against the budget: the sum of held sizes with a budget, always 0
     /// without one (see `budget_mask`).
     total_bytes: usize,
@@ -73,6 +70,8 @@ pub(crate) struct Core<T> {
     stats: [TierStats; 4],
     /// Per tier, indexed by rank: bounds of the items' hand-back instants (see `hand_back.rs`).
     hand_backs: [TierHandBacks; 4],
+    /// Deadline-ordered service inside the weighted order (see `slack.rs`).
+    slack: Slack,
 }
 
 /// `usize::MAX` with a byte budget, 0 without (`Core::budget_mask`).
@@ -89,8 +88,6 @@ impl<T> Core<T> {
         Core {
             len: 0,
             capacity,
-            ceiling: capacity,
-            bounds: [capacity; 4],
             total_bytes: 0,
             max_bytes: max_bytes.unwrap_or(usize::MAX),
             budget_mask: budget_mask(max_bytes),
@@ -107,6 +104,7 @@ impl<T> Core<T> {
             hand_back_of: None,
             stats: [TierStats::default(); 4],
             hand_backs: [TierHandBacks::default(); 4],
+            slack: Slack::default(),
         }
     }
 
@@ -233,20 +231,16 @@ impl<T> Core<T> {
             return Err(self.refuse(RefuseReason::TooLarge, meta.criticality, item));
         }
         let expiry = self.expiry_cutoff(now, precise);
-        let bound = self.bounds[rank];
-        // Over its tier's bound (which may lie below the length), a push keeps the length (one
-        // eviction at most), rather than evicting down to the bound at once: pops bring it down.
-        let room_at = bound.max(self.len);
         // Full by count, nothing expired, nothing below: the usual refusal, decided from the
         // backlog bits without counting.
         let nothing_below = self.backlog & ((1u8 << rank) - 1) == 0;
-        if expiry.is_none() && nothing_below && self.len >= bound {
+        if expiry.is_none() && nothing_below && self.len >= self.capacity {
             return Err(self.refuse(RefuseReason::Full, meta.criticality, item));
         }
         // A live item is never evicted for one whose own deadline has passed: that would lose
         // the live one's service and serve nothing.
         let incoming_expired = meta.deadline.is_some_and(|d| d <= expiry.unwrap_or(now));
-        match self.room_plan(rank, size, max_bytes, expiry, room_at) {
+        match self.room_plan(rank, size, max_bytes, expiry) {
             Some(needs_eviction) if !(needs_eviction && incoming_expired) => {}
             _ => return Err(self.refuse(RefuseReason::Full, meta.criticality, item)),
         }
@@ -257,7 +251,7 @@ impl<T> Core<T> {
         let mut one = None;
         // `size > max_bytes - total_bytes` rather than `total_bytes + size > max_bytes`: the
         // total never exceeds the budget, so this cannot overflow, whatever the sizes.
-        while self.len >= room_at || size > max_bytes - self.total_bytes {
+        while self.len >= self.capacity || size > max_bytes - self.total_bytes {
             match self.evict_below(rank) {
                 // One eviction and nothing expired, the usual case, needs no allocation.
                 Some(e) if removed.is_empty() && one.is_none() => one = Some(e),
@@ -299,7 +293,6 @@ impl<T> Core<T> {
         size: usize,
         max_bytes: usize,
         expiry: Option<Instant>,
-        room_at: usize,
     ) -> Option<bool> {
         // Sizes are summed in `u128`: without a budget they may add up past `usize::MAX`.
         let mut expired_items = 0;
@@ -325,7 +318,7 @@ impl<T> Core<T> {
         let lower_items: usize =
             self.tiers[..rank].iter().map(VecDeque::len).sum::<usize>() - expired_lower_items;
         let lower_bytes = self.bytes[..rank].iter().sum::<u128>() - expired_lower_bytes;
-        let need_slot = len >= room_at;
+        let need_slot = len >= self.capacity;
         // 0 without a budget: `bytes` is 0 and `max_bytes` is `usize::MAX`.
         let need_bytes = size.saturating_sub(max_bytes - bytes) as u128;
         if (need_slot && lower_items == 0) || lower_bytes < need_bytes {
@@ -391,7 +384,9 @@ impl<T> Core<T> {
 
     /// Serves the next item by weight; an item whose deadline passed is handed back as expired
     /// without being charged to its tier's share.
-    /// Only tiers whose bit is set in `mask` (bit `rank`) are considered.
+    /// Only tiers whose bit is set in `mask` (bit `rank`) are considered, and those of
+    /// `borrowing` when served ahead of the weighted order, in deadline order (see
+    /// [`set_drain`](Self::set_drain)).
     ///
     /// `recent` may lag the true time a little (see the `time` module): a deadline at or before
     /// it has passed for sure, one more than `DEADLINE_WINDOW` after it has not; only a
@@ -403,8 +398,9 @@ impl<T> Core<T> {
         recent: Instant,
         precise: impl FnOnce() -> Instant,
         mask: u8,
+        borrowing: u8,
     ) -> Option<Dequeued<T>> {
-        let rank = self.sched.pick(self.backlog & mask)?;
+        let rank = self.next_tier(mask, borrowing, recent)?;
         let e = self.tiers[rank].pop_front()?;
         if self.tiers[rank].is_empty() {
             self.backlog &= !(1 << rank);
@@ -434,7 +430,7 @@ impl<T> Core<T> {
     /// Whether `count` more items of `bytes` in all (as [`budgeted`](Self::budgeted)) fit
     /// under the count bound and the byte budget as they stand.
     pub(crate) fn has_room(&self, count: usize, bytes: usize) -> bool {
-        self.len + count <= self.ceiling && bytes <= self.max_bytes - self.total_bytes
+        self.len + count <= self.capacity && bytes <= self.max_bytes - self.total_bytes
     }
 
     /// Puts an entry that a pop took out as ready, and that was not served, back at the head
@@ -492,17 +488,10 @@ impl<T> Core<T> {
         self.sched.set_weights(weights);
     }
 
-    /// Sets each tier's count bound (by rank; in `1..=ceiling`, at least a lower tier's) without
-    /// evicting: over its tier's bound a push evicts (or is refused) as into a full queue,
-    /// keeping the length. Returns the bounds applied.
-    pub(crate) fn set_bounds_per_tier(&mut self, bounds: [usize; 4]) -> [usize; 4] {
-        let mut floor = 1;
-        self.bounds = bounds.map(|b| {
-            floor = b.clamp(floor, self.ceiling);
-            floor
-        });
-        self.capacity = self.bounds.iter().copied().min().unwrap_or(self.ceiling);
-        self.bounds
+    /// Sets the time one pop takes at the measured capacity, which turns on deadline-ordered
+    /// service inside the weighted order (`slack.rs`); `None` turns it off.
+    pub(crate) fn set_drain(&mut self, per_pop: Option<Duration>) {
+        self.slack.set_per_pop(per_pop);
     }
 
     /// Applies new bounds, evicting by the push rule (newest of the lowest non-empty tier) until
@@ -513,8 +502,6 @@ impl<T> Core<T> {
         max_bytes: Option<usize>,
     ) -> Vec<Entry<T>> {
         self.capacity = capacity;
-        self.ceiling = capacity;
-        self.bounds = [capacity; 4];
         self.max_bytes = max_bytes.unwrap_or(usize::MAX);
         // Held without a budget, the sizes may add up past any budget now set, or past
         // `usize::MAX`: while evicting they are compared in `u128` and nothing counts into

@@ -127,9 +127,8 @@ pub struct WfqQueue<T> {
     /// the fields every operation only reads (the waiter count, the clock) are not
     /// invalidated on other cores by each write of these.
     published: CachePadded<Published>,
-    /// The count bound per tier (by rank), mirrored for `looks_full_for`, which reads it
-    /// without the lock.
-    bound_hints: [AtomicUsize; 4],
+    /// The count bound, mirrored for `looks_full_for`, which reads it without the lock.
+    capacity_hint: AtomicUsize,
     /// Pushes refused by admission, per rank: counted outside the lock.
     overloaded: [CachePadded<AtomicU64>; 4],
     not_empty: Event,
@@ -178,7 +177,7 @@ impl<T> WfqQueue<T> {
                 len_backlog: AtomicU64::new(0),
                 pops: AtomicU64::new(0),
             }),
-            bound_hints: std::array::from_fn(|_| AtomicUsize::new(capacity)),
+            capacity_hint: AtomicUsize::new(capacity),
             overloaded: Default::default(),
             not_empty: Event::new(),
             waiters: AtomicUsize::new(0),
@@ -311,7 +310,7 @@ impl<T> WfqQueue<T> {
     pub fn try_pop_masked(&self, mask: TierMask) -> Result<Dequeued<T>, TryPopError> {
         let now = self.now();
         let mut st = self.state.lock();
-        match st.core.pop(now, || self.clock.now(), mask.0) {
+        match st.core.pop(now, || self.clock.now(), mask.0, 0) {
             Some(d) => {
                 self.changed(&mut st, now);
                 let pops = st.core.pops();
@@ -342,6 +341,20 @@ impl<T> WfqQueue<T> {
         max: usize,
         out: &mut Vec<Dequeued<T>>,
     ) -> Result<usize, TryPopError> {
+        self.pop_batch_borrowing(mask, TierMask::NONE, max, out)
+    }
+
+    /// [`pop_batch_masked`](Self::pop_batch_masked), where the tiers of `borrowing` may also be
+    /// served when deadline-ordered service takes them ahead of the weighted order (see
+    /// [`set_drain`](Self::set_drain)): the runtime's tiers past their share of the concurrency
+    /// limit.
+    pub(crate) fn pop_batch_borrowing(
+        &self,
+        mask: TierMask,
+        borrowing: TierMask,
+        max: usize,
+        out: &mut Vec<Dequeued<T>>,
+    ) -> Result<usize, TryPopError> {
         if max == 0 {
             // Asked for nothing: nothing taken, the queue's state reported as a pop would.
             return if self.is_closed() && self.is_empty() {
@@ -356,7 +369,7 @@ impl<T> WfqQueue<T> {
         let mut n = 0;
         while n < max {
             let clock = || *precise.get_or_insert_with(|| self.clock.now());
-            match st.core.pop(now, clock, mask.0) {
+            match st.core.pop(now, clock, mask.0, borrowing.0) {
                 Some(d) => {
                     out.push(d);
                     n += 1;

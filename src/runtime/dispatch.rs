@@ -80,6 +80,31 @@ impl<T: Send + Sync + 'static> Inner<T> {
         mask
     }
 
+    /// Tiers past their share that a worker may take all the same when the queue serves them
+    /// ahead of the weighted order, by deadline (`WfqQueue::set_drain`): the shares reserve
+    /// workers for the more important tiers, and deadline-ordered service takes a tier early
+    /// only when every more important tier's queued work can wait. All of them with
+    /// work-conserving shares and the derived controls on (`derive_bounds`), else none.
+    fn borrowing_mask(&self) -> TierMask {
+        let config = self.config();
+        if config.expert.work_conserving && config.expert.admission.derive_bounds {
+            TierMask::ALL
+        } else {
+            TierMask::NONE
+        }
+    }
+
+    /// One pop batch of the tiers a worker may take now (see `worker_mask`,
+    /// `borrowing_mask`).
+    fn pop_allowed(
+        &self,
+        max: usize,
+        out: &mut Vec<Dequeued<Item<T>>>,
+    ) -> Result<usize, TryPopError> {
+        self.queue
+            .pop_batch_borrowing(self.worker_mask(), self.borrowing_mask(), max, out)
+    }
+
     /// Takes the next batch a worker may start, at most `max` items, weighted-fair among the
     /// tiers whose share of the concurrency limit is not used up, into `out`. Waits while there
     /// is none; `false` once the queue is closed and empty.
@@ -90,7 +115,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
     ) -> bool {
         let mut yielded = false;
         loop {
-            match self.queue.pop_batch_masked(self.worker_mask(), max, out) {
+            match self.pop_allowed(max, out) {
                 Ok(_) => {
                     self.pacing.wake_intake();
                     return true;
@@ -101,7 +126,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             // Pulls what the intake would, rather than wait for it to; its pushes woke no one,
             // so if this worker's tiers cannot take them now, the others are told.
             if self.pull_for_intake() {
-                match self.queue.pop_batch_masked(self.worker_mask(), max, out) {
+                match self.pop_allowed(max, out) {
                     Ok(_) => {
                         self.pacing.wake_intake();
                         return true;
@@ -130,7 +155,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
                 .limit
                 .most_allowed(held_back)
                 .map(|tier| self.limit.listen(tier));
-            match self.queue.pop_batch_masked(self.worker_mask(), max, out) {
+            match self.pop_allowed(max, out) {
                 Ok(_) => {
                     self.pacing.wake_intake();
                     return true;

@@ -16,16 +16,14 @@ impl<T: Send + Sync + 'static> Inner<T> {
         let mut every = Duration::from_millis(self.config().expert.admission.tick_ms);
         let mut pull = PullAdmission::new(&self.config().expert.admission);
         let mut generation = self.live.generation();
-        // The bounds last applied to the queue (`None`: the configured capacity).
-        let mut bound: Option<[usize; 4]> = None;
+        // The time per pop last given to the queue (`None`: service by weight alone).
+        let mut drain: Option<Duration> = None;
         loop {
             // A live reconfiguration: the state machine keeps its window and level.
             if self.live.generation() != generation {
                 let config = self.config();
                 generation = self.live.generation();
                 pull.reconfigure(&config.expert.admission);
-                // A reconfiguration restores the configured capacity.
-                bound = None;
                 every = Duration::from_millis(config.expert.admission.tick_ms);
             }
             tokio::select! {
@@ -66,7 +64,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
             });
             pull.observe_cohorts(sample.at, &cohort_pulled);
             let level = pull.observe(&sample);
-            self.bound_queue(&pull, &mut bound);
+            self.derive(&pull, &mut drain);
             // The work ahead of a drain: the sources' lag and what is pulled and waiting.
             let ahead = sample.lag.unwrap_or(0).saturating_add(sample.waiting);
             let clear_ns = match pull.capacity() {
@@ -125,26 +123,30 @@ impl<T: Send + Sync + 'static> Inner<T> {
         }
     }
 
-    /// Applies the queue's bounds for pulled work derived from `pull`'s measurements (see
-    /// `admission::derived_bounds`), or the configured capacity when the setting is off or
-    /// nothing is measured yet; `last` is the bounds applied before. Likewise the intake's
-    /// look-ahead past busy ordering keys (`admission::derived_lookahead`).
-    fn bound_queue(&self, pull: &PullAdmission, last: &mut Option<[usize; 4]>) {
-        let derive = self.config().expert.admission.derive_bounds;
-        let prefetch = self.prefetch();
-        let next = derive
-            .then(|| crate::admission::derived_bounds(pull, prefetch))
-            .flatten();
+    /// Applies what the runtime derives from `pull`'s measurements, unless the expert switch
+    /// `derive_bounds` is off: how far the intake pulls ahead and looks past busy ordering keys
+    /// (`admission::derived_lookahead`), and the time per pop that orders the queue's service
+    /// by deadline (`WfqQueue::set_drain`). `drain` is the time per pop applied before.
+    fn derive(&self, pull: &PullAdmission, drain: &mut Option<Duration>) {
+        let config = self.config();
+        let derive = config.expert.admission.derive_bounds;
         let lookahead = derive
-            .then(|| crate::admission::derived_lookahead(pull, prefetch))
-            .flatten();
+            .then(|| crate::admission::derived_lookahead(pull, self.prefetch()))
+            .flatten()
+            .map_or(0, |l| l as u64);
+        self.signals.lookahead.store(lookahead, Ordering::Relaxed);
+        // Half the queue at most, so that pulling ahead never fills it: a full queue refuses.
+        let half = config.expert.queue.capacity.get() as u64 / 2;
         self.signals
-            .lookahead
-            .store(lookahead.map_or(0, |l| l as u64), Ordering::Relaxed);
-        if next != *last {
-            self.queue
-                .set_bounds_per_tier(next.unwrap_or([usize::MAX; 4]));
-            *last = next;
+            .pull_ahead
+            .store(lookahead.min(half), Ordering::Relaxed);
+        let per_pop = derive
+            .then(|| pull.capacity().filter(|c| *c > 0.0))
+            .flatten()
+            .map(|c| Duration::from_secs_f64((1.0 / c).min(1.0)));
+        if per_pop != *drain {
+            self.queue.set_drain(per_pop);
+            *drain = per_pop;
         }
     }
 

@@ -34,6 +34,10 @@ pub(crate) struct Signals {
     /// overloaded, derived from the measured capacity and deadline slack (0: not derived).
     /// Written by the sampler.
     pub(crate) lookahead: AtomicU64,
+    /// How many messages the intake may hold queued while not overloaded, when more than the
+    /// prefetch: the look-ahead, at most half the queue's capacity (0: not derived). Written
+    /// by the sampler.
+    pub(crate) pull_ahead: AtomicU64,
     /// What every message adds to, one copy per thread (see `crate::sync`), summed by the
     /// sampler.
     pub(crate) measured: PerThread<Measured>,

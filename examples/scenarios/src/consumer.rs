@@ -23,8 +23,8 @@ impl Consumer {
         Consumer::Fifo { capacity: 256 }
     }
 
-    /// Triage with the defaults before the zero-configuration controller: the configured
-    /// `expert.queue.capacity` bounds the queue, whatever the deadlines (see [`previous_defaults`]).
+    /// Triage with the defaults before the zero-configuration controller: the prefetch, service
+    /// by weight alone, whatever the deadlines (see [`previous_defaults`]).
     pub fn previous_defaults() -> Self {
         Consumer::Triage(Box::new(previous_defaults()))
     }

@@ -68,12 +68,15 @@ pub fn render(rows: &[Row<'_>], search: Option<&Search>, command: &str, wall: Du
          bounded channel of 256 in front of the same workers (a failed call retried at once, \
          up to 3 times; in key mode a worker waits for the key's previous message). Triage \
          runs with a defer topic drained back when load falls, as in README's first command. \
-         *Defaults* are the defaults before the zero-configuration controller (the queue \
-         bounded by `expert.queue.capacity` alone, the look-ahead past busy keys 8 x the prefetch: `expert.admission.derive_bounds = false`); \
-         *zero-config* is `RuntimeConfig::default()`, whose queue bounds for pulled work (per \
-         tier) and look-ahead past busy ordering keys are derived from the measured capacity \
-         and the deadline slack the messages arrive with (`triage::admission::derived_bounds`, \
-         `derived_lookahead`).\n"
+         *Defaults* are the defaults before the zero-configuration controller (the intake \
+         pulls the prefetch ahead, 8 x it past busy keys, and the queue serves by weight \
+         alone: `expert.admission.derive_bounds = false`); *zero-config* is \
+         `RuntimeConfig::default()`: the intake pulls as far ahead as the workers clear within \
+         the shortest deadline slack (`triage::admission::derived_lookahead`), the queue \
+         serves the tier due first ahead of the weighted order when every more important \
+         tier's queued work still meets its deadlines at the measured capacity (slack \
+         stealing), and a refused message of a tier further below the one admitted in part \
+         fills idle workers only from an emptier queue.\n"
     );
     let _ = writeln!(o, "## Scenarios\n");
     let _ = writeln!(o, "| scenario | what | seed |\n|---|---|---|");

@@ -28,30 +28,22 @@ impl<T> WfqQueue<T> {
             .core
             .set_bounds(config.capacity.get(), config.max_bytes.map(|b| b.get()));
         st.admission.reconfigure(&config.admission);
-        for hint in &self.bound_hints {
-            hint.store(config.capacity.get(), Ordering::Relaxed);
-        }
+        self.capacity_hint
+            .store(config.capacity.get(), Ordering::Relaxed);
         st.config = config;
         let now = self.now();
         self.observe(&mut st, now);
         Ok(evicted)
     }
 
-    /// Sets the count bound a push of each tier keeps, in items, indexed by rank (each
-    /// clamped to `1..=` the configured capacity, and raised to a lower tier's bound: no
-    /// message is refused for room where a less important one would be queued), without
-    /// evicting: over its tier's bound, a
-    /// push evicts or is refused as into a full queue, and the length only falls. For the
-    /// runtime, which derives each tier's bound from what its workers clear within that tier's
-    /// deadlines; a reconfiguration restores the configured capacity. Returns the bounds
-    /// applied.
-    pub(crate) fn set_bounds_per_tier(&self, bounds: [usize; 4]) -> [usize; 4] {
-        let mut st = self.state.lock();
-        let applied = st.core.set_bounds_per_tier(bounds);
-        for (hint, b) in self.bound_hints.iter().zip(applied) {
-            hint.store(b, Ordering::Relaxed);
-        }
-        applied
+    /// Sets the time one pop takes at the workers' measured capacity (the concurrency limit over
+    /// the mean handler run), which turns on deadline-ordered service inside the weighted
+    /// order: the tier whose head is due first is served ahead of the weighted pick when every
+    /// more important tier's queued work would still meet its deadlines (slack stealing, see
+    /// the queue core's `slack.rs`). `None` turns it off. For the runtime, which measures the
+    /// capacity; a standalone queue has no capacity to measure and serves by weight alone.
+    pub(crate) fn set_drain(&self, per_pop: Option<std::time::Duration>) {
+        self.state.lock().core.set_drain(per_pop);
     }
 
     /// Re-evaluates queue-age admission now. Pushes and pops already do so; call this from a

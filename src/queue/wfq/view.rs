@@ -88,7 +88,7 @@ impl<T> WfqQueue<T> {
     pub(crate) fn looks_full_for(&self, tier: Criticality) -> bool {
         let below = (1u8 << tier.rank()) - 1;
         let (len, backlog) = self.published.len_and_backlog();
-        len >= self.bound_hints[tier.rank()].load(Ordering::Relaxed) && backlog & below == 0
+        len >= self.capacity_hint.load(Ordering::Relaxed) && backlog & below == 0
     }
 
     /// Items taken out by pops so far (served or expired), read without the lock.

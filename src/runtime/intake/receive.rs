@@ -29,13 +29,15 @@ pub(crate) enum Mode {
 const ORDERING_LOOKAHEAD: usize = 8;
 
 /// Whether the intake, not overloaded, has pulled as far ahead as it should: the queue holds
-/// the prefetch, or the queue and the messages parked behind busy keys hold
-/// [`ORDERING_LOOKAHEAD`] times it, or as many as the workers clear within the shortest
-/// deadline slack of the admitted work when the sampler derived that (more: see
-/// `admission::derived_lookahead`).
+/// the prefetch, or, when the sampler derived it, as many as the workers clear within the
+/// shortest deadline slack of the admitted work (at most half the queue: see
+/// `admission::derived_lookahead`), so that the queue can serve by deadline what the broker
+/// would hand over in offset order; or the queue and the messages parked behind busy keys hold
+/// [`ORDERING_LOOKAHEAD`] times the prefetch, or that derived look-ahead.
 pub(crate) fn pulled_ahead<T: Send + Sync + 'static>(inner: &Inner<T>, prefetch: usize) -> bool {
     let queued = inner.queue.len();
-    if queued >= prefetch {
+    let pull_ahead = inner.signals.pull_ahead.load(Ordering::Relaxed);
+    if queued >= prefetch.max(usize::try_from(pull_ahead).unwrap_or(usize::MAX)) {
         return true;
     }
     let derived = inner.signals.lookahead.load(Ordering::Relaxed);
