@@ -73,7 +73,8 @@ pub struct PullAdmissionConfig {
     ///   [`derived_lookahead`](super::derived_lookahead)).
     /// - **Deadline-ordered service**: the queue serves the tier whose head is due first ahead
     ///   of the weighted order when every more important tier's queued work would still meet
-    ///   its deadlines at the measured capacity (slack stealing), and then a tier past its
+    ///   its deadlines at the measured capacity, the job served early taking as long as its
+    ///   tier's longest run (slack stealing), and then a tier past its
     ///   concurrency share may be served too (with `work_conserving`).
     /// - **Which refused message fills an idle worker**: the further its tier lies below the
     ///   one admitted in part, the emptier the queue must be (half the prefetch per tier

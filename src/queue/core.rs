@@ -488,10 +488,11 @@ impl<T> Core<T> {
         self.sched.set_weights(weights);
     }
 
-    /// Sets the time one pop takes at the measured capacity, which turns on deadline-ordered
-    /// service inside the weighted order (`slack.rs`); `None` turns it off.
-    pub(crate) fn set_drain(&mut self, per_pop: Option<Duration>) {
-        self.slack.set_per_pop(per_pop);
+    /// Sets the time one pop takes at the measured capacity and the longest run per tier,
+    /// which turns on deadline-ordered service inside the weighted order (`slack.rs`); `None`
+    /// turns it off.
+    pub(crate) fn set_drain(&mut self, drain: Option<(Duration, [Duration; 4])>) {
+        self.slack.set(drain);
     }
 
     /// Applies new bounds, evicting by the push rule (newest of the lowest non-empty tier) until

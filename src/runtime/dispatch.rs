@@ -83,8 +83,9 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// Tiers past their share that a worker may take all the same when the queue serves them
     /// ahead of the weighted order, by deadline (`WfqQueue::set_drain`): the shares reserve
     /// workers for the more important tiers, and deadline-ordered service takes a tier early
-    /// only when every more important tier's queued work can wait. All of them with
-    /// work-conserving shares and the derived controls on (`derive_bounds`), else none.
+    /// only when every more important tier's queued work can wait, its longest run included.
+    /// All of them with work-conserving shares and the derived controls on (`derive_bounds`),
+    /// else none.
     fn borrowing_mask(&self) -> TierMask {
         let config = self.config();
         if config.expert.work_conserving && config.expert.admission.derive_bounds {

@@ -16,8 +16,8 @@ impl<T: Send + Sync + 'static> Inner<T> {
         let mut every = Duration::from_millis(self.config().expert.admission.tick_ms);
         let mut pull = PullAdmission::new(&self.config().expert.admission);
         let mut generation = self.live.generation();
-        // The time per pop last given to the queue (`None`: service by weight alone).
-        let mut drain: Option<Duration> = None;
+        // What the queue's deadline order was last given (`None`: service by weight alone).
+        let mut drain: Option<(Duration, [Duration; 4])> = None;
         loop {
             // A live reconfiguration: the state machine keeps its window and level.
             if self.live.generation() != generation {
@@ -126,8 +126,9 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// Applies what the runtime derives from `pull`'s measurements, unless the expert switch
     /// `derive_bounds` is off: how far the intake pulls ahead and looks past busy ordering keys
     /// (`admission::derived_lookahead`), and the time per pop that orders the queue's service
-    /// by deadline (`WfqQueue::set_drain`). `drain` is the time per pop applied before.
-    fn derive(&self, pull: &PullAdmission, drain: &mut Option<Duration>) {
+    /// by deadline, with each tier's longest handler run (`WfqQueue::set_drain`). `drain` is
+    /// what was applied before.
+    fn derive(&self, pull: &PullAdmission, drain: &mut Option<(Duration, [Duration; 4])>) {
         let config = self.config();
         let derive = config.expert.admission.derive_bounds;
         let lookahead = derive
@@ -144,9 +145,13 @@ impl<T: Send + Sync + 'static> Inner<T> {
             .then(|| pull.capacity().filter(|c| *c > 0.0))
             .flatten()
             .map(|c| Duration::from_secs_f64((1.0 / c).min(1.0)));
-        if per_pop != *drain {
-            self.queue.set_drain(per_pop);
-            *drain = per_pop;
+        let measured = &self.signals.measured;
+        let longest: [Duration; 4] =
+            std::array::from_fn(|r| Duration::from_nanos(measured.max(|m| &m.longest_run_ns[r])));
+        let next = per_pop.map(|p| (p, longest));
+        if next != *drain {
+            self.queue.set_drain(next);
+            *drain = next;
         }
     }
 

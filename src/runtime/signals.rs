@@ -67,6 +67,9 @@ pub(crate) struct Measured {
     /// Handler runs finished, and their summed run time in ns: the capacity estimate.
     pub(crate) served: Count,
     pub(crate) busy_ns: Count,
+    /// The longest handler run seen per tier (rank), ns, the largest of the copies: how long
+    /// a job of that tier may hold a worker (see the queue's deadline-ordered service).
+    pub(crate) longest_run_ns: [Count; 4],
     /// When each tier (rank) last had an item queued, ns since the runtime's origin (0: never):
     /// the latest of the copies.
     pub(crate) last_work_ns: [Count; 4],

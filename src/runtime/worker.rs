@@ -72,6 +72,8 @@ struct Tally {
     expired: [u64; 4],
     served: u64,
     busy_ns: u64,
+    /// The longest handler run of the batch per tier (rank), ns.
+    longest_run_ns: [u64; 4],
     /// Completed messages settled with [`Item::settle_later`], per original tier (rank):
     /// recorded in the ledger at the flush, before their acks are resolved.
     settled: [u64; 4],
@@ -121,6 +123,12 @@ impl Tally {
             let measured = inner.signals.measured.local();
             measured.served.add(self.served, Ordering::Relaxed);
             measured.busy_ns.add(self.busy_ns, Ordering::Relaxed);
+            for (longest, run) in measured.longest_run_ns.iter().zip(self.longest_run_ns) {
+                // Written only when a longer run is seen: rarely, once runs are known.
+                if run > longest.load(Ordering::Relaxed) {
+                    longest.set(run);
+                }
+            }
         }
         resolve_completed(acks, tokens);
         if settled > 0 {
@@ -392,6 +400,8 @@ where
     }
     local.tally.served += 1;
     local.tally.busy_ns += latency_ns;
+    let longest = &mut local.tally.longest_run_ns[tier.rank()];
+    *longest = (*longest).max(latency_ns);
     inner.record_downstream(call, &outcome);
     match outcome {
         Ok(Ok(())) => {

@@ -11,11 +11,15 @@
 //!
 //! The test, for each backlogged tier more important than the one served early, counting from
 //! Critical down the items that go before it if the tiers were then served strictly in order:
-//! its head must have `(items ahead + 2) × per pop` of slack left, and its newest item
-//! `(items ahead and its own + 1) × per pop`, both times [`SAFETY`]. *Per pop* is the time one
-//! pop takes at the measured capacity (the concurrency limit over the mean handler run), set by
-//! the runtime ([`Core::set_drain`](super::Core::set_drain)); without it nothing is stolen and
-//! the stride order alone decides. A more important tier whose head has no deadline is never
+//! its head must have `(items ahead + 2) × per pop + blocking` of slack left, and its newest
+//! item `(items ahead and its own + 1) × per pop + blocking`, both times [`SAFETY`]. *Per pop*
+//! is the time one pop takes at the measured capacity (the concurrency limit over the mean
+//! handler run); *blocking* is the longest run seen of the tier served early, since a job is
+//! not preempted and holds its worker that long at worst (the blocking term of non-preemptive
+//! response-time analysis): a tier whose handlers are sometimes slow is taken early only where
+//! the more important work can wait that long. Both are set by the runtime
+//! ([`Core::set_drain`](super::Core::set_drain)); without them nothing is stolen and the
+//! stride order alone decides. A more important tier whose head has no deadline is never
 //! passed: nothing says how long it may wait. Items within a tier keep their order.
 //!
 //! The same test lets a tier past its share of the concurrency limit be served (a pop's
@@ -35,18 +39,24 @@ use crate::queue::Entry;
 /// out to cost a more important message its deadline is the one mistake this must not make.
 pub(crate) const SAFETY: u32 = 2;
 
-/// The deadline-ordered service's state: the time one pop takes at the measured capacity.
+/// The deadline-ordered service's state: the time one pop takes at the measured capacity, and
+/// the longest handler run seen per tier.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Slack {
     /// `Duration::ZERO` while nothing is measured (or the runtime does not derive it): no
     /// steal.
     per_pop: Duration,
+    /// Indexed by rank: how long a job of the tier served early may hold a worker, during
+    /// which more important work may find none free (the *blocking* term of non-preemptive
+    /// response-time analysis).
+    longest: [Duration; 4],
 }
 
 impl Slack {
-    /// Sets the time one pop takes at the measured capacity; `None` turns stealing off.
-    pub(crate) fn set_per_pop(&mut self, per_pop: Option<Duration>) {
-        self.per_pop = per_pop.unwrap_or(Duration::ZERO);
+    /// Sets the time one pop takes at the measured capacity and each tier's longest run (by
+    /// rank); `None` turns stealing off.
+    pub(crate) fn set(&mut self, drain: Option<(Duration, [Duration; 4])>) {
+        (self.per_pop, self.longest) = drain.unwrap_or_default();
     }
 
     /// Whether stealing is on.
@@ -91,7 +101,8 @@ impl Slack {
     }
 
     /// Whether every backlogged tier more important than `rank` keeps its deadlines if one item
-    /// of `rank` is served first and the tiers are then served strictly in order.
+    /// of `rank` is served first, holding a worker for as long as its tier's longest run, and
+    /// the tiers are then served strictly in order.
     fn spares<T>(
         &self,
         tiers: &[VecDeque<Entry<T>>; 4],
@@ -99,8 +110,9 @@ impl Slack {
         rank: usize,
         now: Instant,
     ) -> bool {
-        // The item served first.
+        // The item served first, and how long it may hold its worker.
         let mut ahead: u32 = 1;
+        let blocking = self.longest[rank];
         for h in (rank + 1..tiers.len()).rev() {
             if backlog & (1 << h) == 0 {
                 continue;
@@ -113,7 +125,10 @@ impl Slack {
                 return false;
             };
             let len = u32::try_from(queue.len()).unwrap_or(u32::MAX);
-            let wait = |items: u32| self.per_pop.saturating_mul(items.saturating_mul(SAFETY));
+            let wait = |items: u32| {
+                let queued = self.per_pop.saturating_mul(items);
+                queued.saturating_add(blocking).saturating_mul(SAFETY)
+            };
             if head_due.saturating_duration_since(now) < wait(ahead.saturating_add(1)) {
                 return false;
             }
@@ -176,8 +191,25 @@ mod tests {
 
     fn slack(per_pop_ms: u64) -> Slack {
         let mut s = Slack::default();
-        s.set_per_pop(Some(Duration::from_millis(per_pop_ms)));
+        s.set(Some((
+            Duration::from_millis(per_pop_ms),
+            [Duration::ZERO; 4],
+        )));
         s
+    }
+
+    #[test]
+    fn a_tier_with_slow_runs_is_taken_early_only_where_the_wait_covers_them() {
+        let now = Instant::recent();
+        // Sheddable due in 50 ms; ten Critical items due in 100 ms: at 1 ms a pop, Critical's
+        // newest needs (1 + 10) x 1 ms plus Sheddable's longest run, doubled.
+        let (t, backlog) = tiers(now, [&[Some(50)], &[], &[], &[Some(100); 10]]);
+        let ms = Duration::from_millis;
+        let mut s = Slack::default();
+        s.set(Some((ms(1), [ms(30), ms(0), ms(0), ms(0)])));
+        assert_eq!(s.choose(&t, backlog, backlog, Some(3), now), Some(0));
+        s.set(Some((ms(1), [ms(40), ms(0), ms(0), ms(0)])));
+        assert_eq!(s.choose(&t, backlog, backlog, Some(3), now), Some(3));
     }
 
     #[test]

@@ -42,8 +42,10 @@ impl<T> WfqQueue<T> {
     /// more important tier's queued work would still meet its deadlines (slack stealing, see
     /// the queue core's `slack.rs`). `None` turns it off. For the runtime, which measures the
     /// capacity; a standalone queue has no capacity to measure and serves by weight alone.
-    pub(crate) fn set_drain(&self, per_pop: Option<std::time::Duration>) {
-        self.state.lock().core.set_drain(per_pop);
+    /// With it, the longest handler run seen per tier (by rank): how long a job served early
+    /// may hold a worker that more important work then waits for.
+    pub(crate) fn set_drain(&self, drain: Option<(std::time::Duration, [std::time::Duration; 4])>) {
+        self.state.lock().core.set_drain(drain);
     }
 
     /// Re-evaluates queue-age admission now. Pushes and pops already do so; call this from a
