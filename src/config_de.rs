@@ -20,12 +20,26 @@ where
     D: Deserializer<'de>,
 {
     // TOML integers are i64; a negative count gets the same message as a zero.
-    let v = i64::deserialize(d)?;
+    let v = integer(d, || format!("1..={MAX}"))?;
     usize::try_from(v)
         .ok()
         .filter(|n| *n <= MAX)
         .and_then(NonZeroUsize::new)
         .ok_or_else(|| D::Error::custom(format!("{v}{OUT_OF_RANGE}1..={MAX}")))
+}
+
+/// A TOML integer, or an error that says which integers the field takes: serde's own says
+/// "expected i64", the type of the parser, not of the field.
+fn integer<'de, D: Deserializer<'de>>(
+    d: D,
+    range: impl FnOnce() -> String,
+) -> Result<i64, D::Error> {
+    i64::deserialize(d).map_err(|e| {
+        D::Error::custom(e.to_string().replace(
+            "expected i64",
+            &format!("expected an integer in {}", range()),
+        ))
+    })
 }
 
 /// An optional budget in bytes, at least 1: the key left out (the struct's default) is no
@@ -39,7 +53,7 @@ pub(crate) fn budget_bytes<'de, D>(d: D) -> Result<Option<NonZeroUsize>, D::Erro
 where
     D: Deserializer<'de>,
 {
-    let v = i64::deserialize(d)?;
+    let v = integer(d, || format!("1..={}", i64::MAX))?;
     usize::try_from(v)
         .ok()
         .and_then(NonZeroUsize::new)
@@ -62,7 +76,7 @@ where
     D: Deserializer<'de>,
     T: TryFrom<i64>,
 {
-    let v = i64::deserialize(d)?;
+    let v = integer(d, || format!("{MIN}..={MAX}"))?;
     (MIN..=MAX)
         .contains(&v)
         .then(|| T::try_from(v).ok())

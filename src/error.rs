@@ -73,6 +73,18 @@ impl ConfigError {
         &self.allowed
     }
 
+    /// A `field` written at its place in the layout before the expert group and also at its
+    /// new place `now`: which of the two to keep would be a guess.
+    pub(crate) fn given_twice(field: impl Into<String>, now: impl Into<String>) -> Self {
+        ConfigError {
+            field: field.into(),
+            value: String::new(),
+            allowed: String::new(),
+            replaced: true,
+            moved_to: Some(now.into()),
+        }
+    }
+
     /// Where the field lives now, when the file named it at its place in the layout before
     /// the expert group ([`field`](Self::field) is then the path as written), e.g.
     /// `expert.queue.capacity` for a file's `queue.capacity`.
@@ -100,7 +112,15 @@ impl ConfigError {
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.replaced {
-            return write!(f, "{} no longer exists: {}", self.field, self.allowed);
+            return match &self.moved_to {
+                Some(now) => write!(
+                    f,
+                    "{} is given at its old place and at its new one, `{now}`: write it there \
+                     only",
+                    self.field
+                ),
+                None => write!(f, "{} no longer exists: {}", self.field, self.allowed),
+            };
         }
         write!(
             f,

@@ -222,7 +222,7 @@ impl BucketsConfig {
                         return Err(ConfigError::new(
                             format!("{tier}.share"),
                             share,
-                            "a share needs buckets.capacity (messages per second)",
+                            "only with buckets.capacity set (a share of that rate, messages per second)",
                         ));
                     }
                     // A share of a tiny capacity could fall below the smallest rate.

@@ -24,7 +24,8 @@ pub enum LoadConfigError {
 impl std::fmt::Display for LoadConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            LoadConfigError::Parse(e) => write!(f, "invalid config: {e}"),
+            // toml's own message ends in blank lines, meant for a terminal.
+            LoadConfigError::Parse(e) => write!(f, "invalid config: {}", e.to_string().trim_end()),
             LoadConfigError::Invalid(e) => write!(f, "invalid config: {e}"),
         }
     }

@@ -42,8 +42,8 @@ pub(crate) type Move = (&'static str, &'static str);
 ///
 /// # Errors
 ///
-/// A [`ConfigError::replaced`] for a setting of [`REMOVED`], or for one given at both its old
-/// and its new place.
+/// A [`ConfigError::replaced`] for a setting of [`REMOVED`], a [`ConfigError::given_twice`]
+/// for one given at both its old and its new place.
 pub(crate) fn migrate(table: &mut Table) -> Result<Vec<Move>, ConfigError> {
     migrate_with(table, MOVED, REMOVED)
 }
@@ -63,10 +63,7 @@ pub(crate) fn migrate_with(
             continue;
         }
         if get(table, new).is_some() {
-            return Err(ConfigError::replaced(
-                old,
-                format!("it moved to `{new}`, which is given too: write it there only"),
-            ));
+            return Err(ConfigError::given_twice(old, new));
         }
         let Some(value) = take(table, old) else {
             continue;

@@ -180,8 +180,8 @@ fn a_setting_at_both_places_is_refused_naming_the_new_one() {
     assert_eq!(e.field(), "max_held");
     assert_eq!(
         err.to_string(),
-        "invalid config: max_held no longer exists: it moved to `expert.max_held`, which is \
-         given too: write it there only"
+        "invalid config: max_held is given at its old place and at its new one, \
+         `expert.max_held`: write it there only"
     );
 }
 
@@ -339,6 +339,15 @@ fn errors_in_an_old_layout_file_name_the_path_as_written_and_the_new_one() {
         err.starts_with("invalid config: max_held: invalid type")
             && err.contains("`expert.max_held`"),
         "{err}"
+    );
+    // The type refused names the integers the field takes, not the parser's type.
+    let err = RuntimeConfig::from_toml("workers = 4.5")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "invalid config: workers: invalid type: floating point `4.5`, expected an integer in \
+         1..=100000"
     );
     // The same settings in the new layout: no mention of a move.
     let Err(LoadConfigError::Invalid(e)) = RuntimeConfig::from_toml("[expert.queue]\ncapacity = 0")
