@@ -76,13 +76,9 @@ pub struct PullAdmissionConfig {
     ///   its deadlines at the measured capacity, the job served early taking as long as its
     ///   tier's longest run (slack stealing), and then a tier past its
     ///   concurrency share may be served too (with `work_conserving`).
-    /// - **Which refused message fills an idle worker**: the further its tier lies below the
-    ///   one admitted in part, the emptier the queue must be (half the prefetch per tier
-    ///   between).
     ///
     /// An expert setting: `false` restores the controls before them (8 × the prefetch, service
-    /// by weight alone, the prefetch for any refused tier), whatever the deadlines. Default
-    /// `true`.
+    /// by weight alone), whatever the deadlines. Default `true`.
     pub derive_bounds: bool,
 }
 

@@ -98,8 +98,7 @@ pub(crate) trait Checks {
     /// Whether pull-based admission admits it: its tier above the shed level, or its cohort
     /// among those admitted of the highest refused tier.
     fn shed_admits(&self, tier: Criticality) -> bool;
-    /// Whether the queue holds enough that a refused message need not fill it: the prefetch
-    /// (every worker has work), less for a tier further below the one admitted in part.
+    /// Whether the queue holds the prefetch: every worker has work.
     fn workers_busy(&self) -> bool;
     /// Whether the memory budget admits its bytes.
     fn memory_admits(&mut self, tier: Criticality) -> bool;
@@ -180,20 +179,7 @@ impl<T: Send + Sync + 'static> Checks for Against<'_, T> {
     }
 
     fn workers_busy(&self) -> bool {
-        let prefetch = self.inner.prefetch();
-        // A refused message fills idle workers. With the derived controls, the further its tier
-        // lies below the one admitted in part, the emptier the queue must be (half the
-        // prefetch per tier between): the next messages pulled are likelier to be of a more
-        // important refused tier, and an idle worker is better kept for those. The queue
-        // emptied, any tier fills it, so no worker idles beside waiting work.
-        let threshold = if self.inner.config().expert.admission.derive_bounds {
-            let level = usize::from(self.inner.signals.shed_level());
-            let below = level.saturating_sub(1 + self.item.tier().rank());
-            (prefetch >> below.min(8)).max(1)
-        } else {
-            prefetch
-        };
-        self.inner.queue.len() >= threshold
+        self.inner.queue.len() >= self.inner.prefetch()
     }
 
     #[inline]

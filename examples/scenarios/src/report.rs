@@ -74,9 +74,8 @@ pub fn render(rows: &[Row<'_>], search: Option<&Search>, command: &str, wall: Du
          `RuntimeConfig::default()`: the intake pulls as far ahead as the workers clear within \
          the shortest deadline slack (`triage::admission::derived_lookahead`), the queue \
          serves the tier due first ahead of the weighted order when every more important \
-         tier's queued work still meets its deadlines at the measured capacity (slack \
-         stealing), and a refused message of a tier further below the one admitted in part \
-         fills idle workers only from an emptier queue.\n"
+         tier's queued work still meets its deadlines at the measured capacity, counting the \
+         longest run of the tier served early (slack stealing).\n"
     );
     let _ = writeln!(o, "## Scenarios\n");
     let _ = writeln!(o, "| scenario | what | seed |\n|---|---|---|");
