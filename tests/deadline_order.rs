@@ -14,6 +14,36 @@ use std::time::Duration;
 use triage::runtime::{HandlerError, Job, MemoryBroker, MemorySink, Runtime, RuntimeConfig};
 use triage::Criticality;
 
+/// A runtime of `workers` workers on tokio's paused clock, the derived controls on or off, a
+/// defer sink if `defer`, whose handler sleeps `run_ms(payload)` milliseconds, attached to a
+/// fresh in-memory broker.
+fn start(
+    workers: usize,
+    derive: bool,
+    defer: bool,
+    run_ms: fn(u32) -> u64,
+) -> (Runtime<u32>, MemoryBroker<u32>, triage::quanta::Clock) {
+    let mut config = RuntimeConfig {
+        workers: workers.try_into().unwrap(),
+        ..RuntimeConfig::default()
+    };
+    config.expert.admission.derive_bounds = derive;
+    let broker = MemoryBroker::new();
+    let clock = common::following_tokio();
+    let mut builder = Runtime::builder(config).clock(clock.clone());
+    if defer {
+        builder = builder.defer_sink(std::sync::Arc::new(MemorySink::new()));
+    }
+    let mut rt = builder
+        .start(move |job: Job<u32>| async move {
+            tokio::time::sleep(Duration::from_millis(run_ms(*job.payload()))).await;
+            Ok::<(), HandlerError>(())
+        })
+        .unwrap();
+    rt.attach(broker.source());
+    (rt, broker, clock)
+}
+
 /// Critical messages are due 3 s after publishing, Sheddable ones 300 ms after.
 fn window(tier: Criticality) -> Duration {
     match tier {
@@ -27,22 +57,7 @@ fn window(tier: Criticality) -> Duration {
 /// five Critical then one Sheddable, twenty times. Returns the burst's messages completed in
 /// time, Critical's and Sheddable's.
 async fn burst(derive: bool) -> (u64, u64) {
-    let mut config = RuntimeConfig {
-        workers: 2.try_into().unwrap(),
-        ..RuntimeConfig::default()
-    };
-    config.expert.admission.derive_bounds = derive;
-    let broker = MemoryBroker::new();
-    let clock = common::following_tokio();
-    let mut rt = Runtime::builder(config)
-        .clock(clock.clone())
-        .defer_sink(std::sync::Arc::new(MemorySink::new()))
-        .start(|_job: Job<u32>| async move {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            Ok::<(), HandlerError>(())
-        })
-        .unwrap();
-    rt.attach(broker.source());
+    let (rt, broker, clock) = start(2, derive, true, |_| 10);
     for i in 0..200u32 {
         let tier = if i % 2 == 0 {
             Criticality::Critical
@@ -96,21 +111,7 @@ async fn a_burst_is_served_by_deadline_where_the_more_important_work_can_wait() 
 /// time per pop stands for. 5,000 messages, one every 2 ms (about 1.2x), 30% Critical due in
 /// `critical_ms`, the rest Sheddable due in 30 ms. Returns Critical's (consumed, in time).
 async fn slow_jobs_below(critical_ms: u64) -> (u64, u64) {
-    let config = RuntimeConfig {
-        workers: 2.try_into().unwrap(),
-        ..RuntimeConfig::default()
-    };
-    let broker = MemoryBroker::new();
-    let clock = common::following_tokio();
-    let mut rt = Runtime::builder(config)
-        .clock(clock.clone())
-        .start(|job: Job<u32>| async move {
-            let ms = if *job.payload() % 10 == 7 { 30 } else { 2 };
-            tokio::time::sleep(Duration::from_millis(ms)).await;
-            Ok::<(), HandlerError>(())
-        })
-        .unwrap();
-    rt.attach(broker.source());
+    let (rt, broker, clock) = start(2, true, false, |id| if id % 10 == 7 { 30 } else { 2 });
     for i in 0..5_000u32 {
         let (tier, window) = if i % 10 < 3 {
             (Criticality::Critical, Duration::from_millis(critical_ms))
@@ -153,21 +154,7 @@ async fn slow_lower_tiers(
     critical_ms: u64,
     lower_ms: Option<u64>,
 ) -> u64 {
-    let mut config = RuntimeConfig {
-        workers: workers.try_into().unwrap(),
-        ..RuntimeConfig::default()
-    };
-    config.expert.admission.derive_bounds = derive;
-    let clock = common::following_tokio();
-    let broker = MemoryBroker::new();
-    let mut rt = Runtime::builder(config)
-        .clock(clock.clone())
-        .start(|job: Job<u32>| async move {
-            tokio::time::sleep(Duration::from_millis(u64::from(*job.payload()))).await;
-            Ok::<(), HandlerError>(())
-        })
-        .unwrap();
-    rt.attach(broker.source());
+    let (rt, broker, clock) = start(workers, derive, false, u64::from);
     let at = |ms: Option<u64>| ms.map(|ms| clock.now() + Duration::from_millis(ms));
     for _ in 0..1_000 {
         tokio::time::sleep(Duration::from_millis(1)).await;
