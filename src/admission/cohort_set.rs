@@ -35,6 +35,12 @@ impl CohortSet {
         CohortSet(self.0 | 1u128.checked_shl(u32::from(cohort)).unwrap_or(0))
     }
 
+    /// The set with `cohort` taken out (a cohort past [`COHORTS`] `- 1` takes nothing).
+    #[must_use]
+    pub fn without(self, cohort: u8) -> Self {
+        CohortSet(self.0 & !1u128.checked_shl(u32::from(cohort)).unwrap_or(0))
+    }
+
     /// Whether `cohort` is in the set.
     #[inline]
     pub fn contains(self, cohort: u8) -> bool {

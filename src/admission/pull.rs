@@ -231,7 +231,12 @@ impl PullAdmission {
     /// [`admitted_set`](Self::admitted_set)).
     pub fn observe_cohorts(&mut self, at: Duration, pulled: &CohortPulls) {
         let span = Duration::from_millis(self.config.window_ms.max(self.config.sustained_ms));
-        self.cohort_arrival.record(at, pulled, span);
+        // What was admitted since the last reading: the level and cohorts chosen then.
+        let (level, cohorts) = (usize::from(self.level), self.cohorts);
+        self.cohort_arrival
+            .record(at, pulled, span, |rank, cohort| {
+                rank >= level || (rank + 1 == level && cohorts.contains(cohort))
+            });
     }
 
     /// The newest kept sample at least `span` older than `now`, else the oldest kept.
@@ -359,6 +364,14 @@ impl PullAdmission {
         let left = capacity * self.config.headroom - self.arrival * self.admitted_share(self.level);
         let band = capacity * (1.0 - self.config.headroom) / 2.0 / own;
         let current = (self.cohorts_level == self.level).then_some(self.cohorts);
+        if self.config.derive_bounds {
+            if let Some(set) =
+                self.cohort_arrival
+                    .choose_measured(boundary, own, left, band * own, current)
+            {
+                return set;
+            }
+        }
         self.cohort_arrival
             .choose(boundary, left / own, band, current)
     }

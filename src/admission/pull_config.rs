@@ -76,9 +76,12 @@ pub struct PullAdmissionConfig {
     ///   its deadlines at the measured capacity, the job served early taking as long as its
     ///   tier's longest run (slack stealing), and then a tier past its
     ///   concurrency share may be served too (with `work_conserving`).
+    /// - **Cohorts weighed at what their users send**: of the tier admitted in part, a cohort
+    ///   refused within the window counts at its rate while admitted, not at its pulls, which
+    ///   its producers' re-submissions inflate (a retry storm).
     ///
     /// An expert setting: `false` restores the controls before them (8 × the prefetch, service
-    /// by weight alone), whatever the deadlines. Default `true`.
+    /// by weight alone, cohorts weighed at their pulls), whatever the deadlines. Default `true`.
     pub derive_bounds: bool,
 }
 

@@ -69,13 +69,15 @@ pub fn render(rows: &[Row<'_>], search: Option<&Search>, command: &str, wall: Du
          up to 3 times; in key mode a worker waits for the key's previous message). Triage \
          runs with a defer topic drained back when load falls, as in README's first command. \
          *Defaults* are the defaults before the zero-configuration controller (the intake \
-         pulls the prefetch ahead, 8 x it past busy keys, and the queue serves by weight \
-         alone: `expert.admission.derive_bounds = false`); *zero-config* is \
+         pulls the prefetch ahead, 8 x it past busy keys, weighs cohorts at their pulls, and \
+         the queue serves by weight alone: `expert.admission.derive_bounds = false`); \
+         *zero-config* is \
          `RuntimeConfig::default()`: the intake pulls as far ahead as the workers clear within \
          the shortest deadline slack (`triage::admission::derived_lookahead`), the queue \
          serves the tier due first ahead of the weighted order when every more important \
          tier's queued work still meets its deadlines at the measured capacity, counting the \
-         longest run of the tier served early (slack stealing).\n"
+         longest run of the tier served early (slack stealing), and a cohort refused within \
+         the window is weighed at its rate while admitted, not at its re-submissions.\n"
     );
     let _ = writeln!(o, "## Scenarios\n");
     let _ = writeln!(o, "| scenario | what | seed |\n|---|---|---|");
