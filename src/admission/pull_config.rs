@@ -75,7 +75,8 @@ pub struct PullAdmissionConfig {
     ///   of the weighted order when every more important tier's queued work would still meet
     ///   its deadlines at the measured capacity, the job served early taking as long as its
     ///   tier's longest run (slack stealing), and then a tier past its
-    ///   concurrency share may be served too (with `work_conserving`).
+    ///   concurrency share may be served too (with `work_conserving`); in key mode only while
+    ///   no message waits behind a busy key (one served late would hold them all).
     /// - **Cohorts weighed at what their users send**: of the tier admitted in part, a cohort
     ///   refused within the window counts at its rate while admitted, not at its pulls, which
     ///   its producers' re-submissions inflate (a retry storm).

@@ -159,3 +159,30 @@ fn at_three_x_the_tier_admitted_in_part_serves_the_same_users() {
         "the FIFO serves the same messages in time: {f:?}"
     );
 }
+
+#[test]
+fn a_critical_message_behind_a_hot_key_is_not_passed_by_deadline_order() {
+    // The hot-key scenario's key mode at 1.5x for 3 s: the hot key alone (30% of messages,
+    // served one at a time) is past its capacity, and its Critical messages wait parked
+    // behind its earlier ones. Deadline-ordered service passing the key's queued message
+    // would hold them all: Critical was 87% (the defaults before, 100%).
+    let mut sc = short("hot-key");
+    let base = short("step-3x");
+    sc.arrival = base.arrival;
+    sc.arrival.segments[1] =
+        triage_scenarios::arrival::Segment::steady(1.5, std::time::Duration::from_secs(3));
+    sc.step = base.step;
+    let zero = run_virtual(&sc, &Consumer::zero_config());
+    let before = run_virtual(&sc, &Consumer::previous_defaults());
+    ledger_balances("hot key at 1.5x", &zero);
+    let (critical, was) = (
+        zero.goodput.share(Criticality::Critical),
+        before.goodput.share(Criticality::Critical),
+    );
+    assert!(
+        critical >= 0.999,
+        "Critical {critical:.4}: {:?}",
+        zero.goodput
+    );
+    assert!(critical >= was - 0.001, "Critical {critical:.4} < {was:.4}");
+}
