@@ -148,14 +148,15 @@ impl CohortArrival {
 
     /// The cohorts of tier `rank` (whose arrival is `own` messages/s) whose users send `left`
     /// messages/s: the current set (none after a change of level), kept while it carries
-    /// `left` within `band` messages/s; past it, its last cohorts in cohort order taken out,
-    /// or the first refused ones added while they fit (a cohort that alone would pass `left`
-    /// skipped). `None` without a measured arrival over the window (none of the tier pulled).
+    /// `left` within `band` messages/s; below it, the first refused cohorts added while they
+    /// fit; above it, the set chosen again in cohort order (a cohort that would pass `left`
+    /// skipped, so that a tenant grown heavy goes, not the light users after it). `None` without a measured arrival over the window (none of the tier pulled).
     /// The zero-configuration controller's choice (`derive_bounds`); [`choose`](Self::choose)
     /// is the one before it.
     ///
     /// A cohort refused within the window is weighed at the lower of its pull rate over the
-    /// window and its rate while admitted; any other at its pull rate. Refused work comes
+    /// window and its rate while admitted (a mean weighted over about the window, of the
+    /// spans it was admitted in); any other at its pull rate. Refused work comes
     /// back when its producers re-publish it (clients retrying at once: a retry storm), so a
     /// refused cohort is pulled many times over what its users send, and one admitted a
     /// moment ago still carries that in the window. Weighed at those rates, the capacity left
@@ -196,22 +197,19 @@ impl CohortArrival {
         if current.is_some() && (carried - left).abs() <= band {
             return Some(kept);
         }
-        let mut set = kept;
-        if carried > left {
-            for c in (0..COHORTS).rev().filter(|&c| kept.contains(c)) {
-                if carried <= left {
-                    break;
-                }
-                carried -= rate(c);
-                set = set.without(c);
-            }
+        // Past it from above, chosen again from none: a cohort grown heavy is skipped, not
+        // the light ones after it in the order.
+        let (mut set, skip) = if carried > left {
+            carried = 0.0;
+            (CohortSet::default(), CohortSet::default())
         } else {
-            for c in (0..COHORTS).filter(|&c| !kept.contains(c)) {
-                let r = rate(c);
-                if carried + r <= left {
-                    carried += r;
-                    set = set.with(c);
-                }
+            (kept, kept)
+        };
+        for c in (0..COHORTS).filter(|&c| !skip.contains(c)) {
+            let r = rate(c);
+            if carried + r <= left {
+                carried += r;
+                set = set.with(c);
             }
         }
         Some(set)
@@ -378,5 +376,25 @@ mod tests {
         );
         // Nothing pulled of the tier: nothing measured.
         assert_eq!(a.choose_measured(0, 1.0, 400.0, 20.0, current), None);
+    }
+
+    #[test]
+    fn a_tenant_grown_heavy_goes_and_the_light_users_after_it_stay() {
+        // Every cohort admitted for 6 s, 10/s each; over the last 3 s cohort 5's tenant
+        // sends 800/s, more than the 640/s left: the 64 light cohorts other than 5.
+        let mut a = CohortArrival::default();
+        let mut pulls = [[0u64; COHORTS as usize]; PARTIAL_TIERS];
+        for tick in 0..=60u64 {
+            for (c, n) in pulls[1].iter_mut().enumerate() {
+                *n += if c == 5 && tick > 30 { 80 } else { 1 };
+            }
+            a.record(ms(100 * tick), &pulls, ms(3000), |_, _| true);
+        }
+        let current = Some(CohortSet::first(64));
+        let set = a
+            .choose_measured(1, pull_rate(&a), 640.0, 20.0, current)
+            .unwrap_or_default();
+        assert!(!set.contains(5), "{set:?}");
+        assert_eq!(set, CohortSet::first(65).without(5));
     }
 }
