@@ -68,8 +68,9 @@ pub struct PullAdmissionConfig {
     /// the deadline slack messages arrive with:
     /// - **How far the intake pulls ahead** while not overloaded: as many messages as the
     ///   workers clear within the shortest slack of the admitted tiers, at most half of
-    ///   `queue.capacity`, never fewer than the prefetch; in key mode also how far it looks past
-    ///   messages parked behind busy keys, at least 8 × the prefetch (see
+    ///   `queue.capacity`, never fewer than the prefetch (the prefetch alone while a message is
+    ///   parked behind a busy key); in key mode also how far it looks past messages parked
+    ///   behind busy keys, at least 8 × the prefetch (see
     ///   [`derived_lookahead`](super::derived_lookahead)).
     /// - **Deadline-ordered service**: the queue serves the tier whose head is due first ahead
     ///   of the weighted order when every more important tier's queued work would still meet

@@ -386,7 +386,7 @@ impl<T> Core<T> {
     /// without being charged to its tier's share.
     /// Only tiers whose bit is set in `mask` (bit `rank`) are considered, and those of
     /// `borrowing` when served ahead of the weighted order, in deadline order (see
-    /// [`set_drain`](Self::set_drain)).
+    /// [`set_drain`](Self::set_drain)); with `borrowing` `None`, by weight alone.
     ///
     /// `recent` may lag the true time a little (see the `time` module): a deadline at or before
     /// it has passed for sure, one more than `DEADLINE_WINDOW` after it has not; only a
@@ -398,7 +398,7 @@ impl<T> Core<T> {
         recent: Instant,
         precise: impl FnOnce() -> Instant,
         mask: u8,
-        borrowing: u8,
+        borrowing: Option<u8>,
     ) -> Option<Dequeued<T>> {
         let rank = self.next_tier(mask, borrowing, recent)?;
         let e = self.tiers[rank].pop_front()?;

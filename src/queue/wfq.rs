@@ -310,7 +310,7 @@ impl<T> WfqQueue<T> {
     pub fn try_pop_masked(&self, mask: TierMask) -> Result<Dequeued<T>, TryPopError> {
         let now = self.now();
         let mut st = self.state.lock();
-        match st.core.pop(now, || self.clock.now(), mask.0, 0) {
+        match st.core.pop(now, || self.clock.now(), mask.0, Some(0)) {
             Some(d) => {
                 self.changed(&mut st, now);
                 let pops = st.core.pops();
@@ -341,17 +341,17 @@ impl<T> WfqQueue<T> {
         max: usize,
         out: &mut Vec<Dequeued<T>>,
     ) -> Result<usize, TryPopError> {
-        self.pop_batch_borrowing(mask, TierMask::NONE, max, out)
+        self.pop_batch_borrowing(mask, Some(TierMask::NONE), max, out)
     }
 
     /// [`pop_batch_masked`](Self::pop_batch_masked), where the tiers of `borrowing` may also be
     /// served when deadline-ordered service takes them ahead of the weighted order (see
     /// [`set_drain`](Self::set_drain)): the runtime's tiers past their share of the concurrency
-    /// limit.
+    /// limit. With `borrowing` `None`, served by weight alone whatever `set_drain` set.
     pub(crate) fn pop_batch_borrowing(
         &self,
         mask: TierMask,
-        borrowing: TierMask,
+        borrowing: Option<TierMask>,
         max: usize,
         out: &mut Vec<Dequeued<T>>,
     ) -> Result<usize, TryPopError> {
@@ -369,7 +369,7 @@ impl<T> WfqQueue<T> {
         let mut n = 0;
         while n < max {
             let clock = || *precise.get_or_insert_with(|| self.clock.now());
-            match st.core.pop(now, clock, mask.0, borrowing.0) {
+            match st.core.pop(now, clock, mask.0, borrowing.map(|b| b.0)) {
                 Some(d) => {
                     out.push(d);
                     n += 1;

@@ -86,13 +86,22 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// only when every more important tier's queued work can wait, its longest run included.
     /// All of them with work-conserving shares and the derived controls on (`derive_bounds`),
     /// else none.
-    fn borrowing_mask(&self) -> TierMask {
-        let config = self.config();
-        if config.expert.work_conserving && config.expert.admission.derive_bounds {
-            TierMask::ALL
-        } else {
-            TierMask::NONE
+    ///
+    /// `None` (by weight alone) while a message is parked behind a busy ordering key: the
+    /// message deadline order would pass holds its key, and the slack it spends is also that of
+    /// every message parked behind it (a hot key's Critical messages expired).
+    fn borrowing_mask(&self) -> Option<TierMask> {
+        if self.keys.parked() > 0 {
+            return None;
         }
+        let config = self.config();
+        Some(
+            if config.expert.work_conserving && config.expert.admission.derive_bounds {
+                TierMask::ALL
+            } else {
+                TierMask::NONE
+            },
+        )
     }
 
     /// One pop batch of the tiers a worker may take now (see `worker_mask`,

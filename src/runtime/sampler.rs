@@ -126,8 +126,9 @@ impl<T: Send + Sync + 'static> Inner<T> {
     /// Applies what the runtime derives from `pull`'s measurements, unless the expert switch
     /// `derive_bounds` is off: how far the intake pulls ahead and looks past busy ordering keys
     /// (`admission::derived_lookahead`), and the time per pop that orders the queue's service
-    /// by deadline, with each tier's longest handler run (`WfqQueue::set_drain`), while no
-    /// message is parked behind a busy ordering key. `drain` is what was applied before.
+    /// by deadline, with each tier's longest handler run (`WfqQueue::set_drain`; the workers
+    /// pop by weight alone while a message is parked behind a busy key, see `dispatch.rs`).
+    /// `drain` is what was applied before.
     fn derive(&self, pull: &PullAdmission, drain: &mut Option<(Duration, [Duration; 4])>) {
         let config = self.config();
         let derive = config.expert.admission.derive_bounds;
@@ -141,11 +142,7 @@ impl<T: Send + Sync + 'static> Inner<T> {
         self.signals
             .pull_ahead
             .store(lookahead.min(half), Ordering::Relaxed);
-        // Deadline order spends a queued message's slack, which in key mode is also the slack
-        // of every message parked behind its key: served late, it holds them all (a Critical
-        // message behind a hot key expired). So the queue serves by weight while any waits.
-        let keys_wait = self.keys.parked() > 0;
-        let per_pop = (derive && !keys_wait)
+        let per_pop = derive
             .then(|| pull.capacity().filter(|c| *c > 0.0))
             .flatten()
             .map(|c| Duration::from_secs_f64((1.0 / c).min(1.0)));

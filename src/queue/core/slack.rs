@@ -146,13 +146,18 @@ impl Slack {
 impl<T> Core<T> {
     /// The tier a pop serves: the stride's pick among the backlogged tiers of `mask`, or one of
     /// `mask | borrowing` due first, where deadline-ordered service takes it (see the module
-    /// docs). `None` when neither.
+    /// docs; never with `borrowing` `None`). `None` when neither.
     #[inline]
-    pub(super) fn next_tier(&mut self, mask: u8, borrowing: u8, now: Instant) -> Option<usize> {
+    pub(super) fn next_tier(
+        &mut self,
+        mask: u8,
+        borrowing: Option<u8>,
+        now: Instant,
+    ) -> Option<usize> {
         let picked = self.sched.pick(self.backlog & mask);
-        if !self.slack.on() {
+        let Some(borrowing) = borrowing.filter(|_| self.slack.on()) else {
             return picked;
-        }
+        };
         let pool = self.backlog & (mask | borrowing);
         let rank = self
             .slack

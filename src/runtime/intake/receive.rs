@@ -29,20 +29,29 @@ pub(crate) enum Mode {
 const ORDERING_LOOKAHEAD: usize = 8;
 
 /// Whether the intake, not overloaded, has pulled as far ahead as it should: the queue holds
-/// the prefetch, or, when the sampler derived it, as many as the workers clear within the
-/// shortest deadline slack of the admitted work (at most half the queue: see
-/// `admission::derived_lookahead`), so that the queue can serve by deadline what the broker
-/// would hand over in offset order; or the queue and the messages parked behind busy keys hold
-/// [`ORDERING_LOOKAHEAD`] times the prefetch, or that derived look-ahead.
+/// the prefetch, or, when the sampler derived it and no message is parked behind a busy key,
+/// as many as the workers clear within the shortest deadline slack of the admitted work (at
+/// most half the queue: see `admission::derived_lookahead`), so that the queue can serve by
+/// deadline what the broker would hand over in offset order; or the queue and the messages
+/// parked behind busy keys hold [`ORDERING_LOOKAHEAD`] times the prefetch, or that derived
+/// look-ahead.
 pub(crate) fn pulled_ahead<T: Send + Sync + 'static>(inner: &Inner<T>, prefetch: usize) -> bool {
     let queued = inner.queue.len();
-    let pull_ahead = inner.signals.pull_ahead.load(Ordering::Relaxed);
+    let parked = inner.keys.parked();
+    // A keyed message waiting in a deep queue holds its key, and every message parked behind
+    // it waits as long (a hot key's Critical messages expired): with any parked, the queue
+    // holds the prefetch, and only the look-ahead past busy keys goes further.
+    let pull_ahead = if parked > 0 {
+        0
+    } else {
+        inner.signals.pull_ahead.load(Ordering::Relaxed)
+    };
     if queued >= prefetch.max(usize::try_from(pull_ahead).unwrap_or(usize::MAX)) {
         return true;
     }
     let derived = inner.signals.lookahead.load(Ordering::Relaxed);
     let ahead = (prefetch * ORDERING_LOOKAHEAD).max(usize::try_from(derived).unwrap_or(usize::MAX));
-    queued + inner.keys.parked() >= ahead
+    queued + parked >= ahead
 }
 
 /// Most messages taken from a source in one turn of the intake loop (see `intake::run`).
