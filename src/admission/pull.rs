@@ -362,18 +362,19 @@ impl PullAdmission {
             return CohortSet::default();
         }
         let left = capacity * self.config.headroom - self.arrival * self.admitted_share(self.level);
-        let band = capacity * (1.0 - self.config.headroom) / 2.0 / own;
+        // Half the headroom's margin, messages/s.
+        let band = capacity * (1.0 - self.config.headroom) / 2.0;
         let current = (self.cohorts_level == self.level).then_some(self.cohorts);
         if self.config.derive_bounds {
-            if let Some(set) =
-                self.cohort_arrival
-                    .choose_measured(boundary, own, left, band * own, current)
+            if let Some(set) = self
+                .cohort_arrival
+                .choose_measured(boundary, own, left, band, current)
             {
                 return set;
             }
         }
         self.cohort_arrival
-            .choose(boundary, left / own, band, current)
+            .choose(boundary, left / own, band / own, current)
     }
 
     /// The share of the arrival of the tiers admitted at `level` (1.0 at level 0).
